@@ -1,0 +1,166 @@
+//! Static configuration: listeners, limits, model and policy locations.
+//!
+//! Read from a TOML file (`config/tiergate.toml` by default). Relative paths in the file
+//! are resolved against the file's own directory, so the bundled config works from any
+//! working directory. Unknown keys are errors: a typo must not silently keep a default.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub model: ModelConfig,
+    pub policies: PoliciesConfig,
+    pub gpu: GpuConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Public listener. Env `TIERGATE_LISTEN` / `--listen` override it.
+    pub listen: SocketAddr,
+    /// Largest accepted request body, bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Largest accepted `text`, bytes (422 above).
+    pub max_text_bytes: usize,
+    /// Most keys accepted in `features` (422 above).
+    pub max_features: usize,
+    /// Deadline for a decision when the request sets none (`x-tiergate-deadline-ms`), ms.
+    /// Past it the model tiers are abandoned and rules decide.
+    pub default_deadline_ms: u64,
+    /// Largest deadline a request may ask for, ms.
+    pub max_deadline_ms: u64,
+    /// Hard limit on a whole request, body read included (504 above). Protects against slow clients.
+    pub request_timeout_ms: u64,
+    /// Time allowed to read request headers, ms.
+    pub header_read_timeout_ms: u64,
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish, ms.
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Directory holding `model.json`, the ONNX file, `tokenizer.json`, `calibration.json`, `ood.json`.
+    pub dir: PathBuf,
+    /// Path of `libonnxruntime.so`; unset: `ORT_DYLIB_PATH`, then the cache, then fetched from PyPI.
+    pub onnxruntime: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads per session.
+    pub intra_threads: usize,
+    /// Whether ONNX Runtime's intra-op threads spin while waiting for work. Spinning cuts
+    /// latency on an idle machine and steals CPU from everything else on a busy one.
+    pub intra_op_spinning: bool,
+    /// Sessions, each driven by its own blocking worker thread.
+    pub sessions: usize,
+    /// Most requests run together in one inference call (requests already waiting are batched; none is held back).
+    pub max_batch: usize,
+    /// Bounded queue in front of the workers; a full queue sheds the request to rules.
+    pub queue_capacity: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoliciesConfig {
+    /// Directory of policy files (`*.toml`), merged in file-name order.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// The gpu tier's backend. Only `none` exists so far.
+    pub backend: GpuBackend,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuBackend {
+    #[default]
+    None,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 64 * 1024,
+            max_text_bytes: 16 * 1024,
+            max_features: 64,
+            default_deadline_ms: 200,
+            max_deadline_ms: 10_000,
+            request_timeout_ms: 15_000,
+            header_read_timeout_ms: 5_000,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dir: PathBuf::from("models"),
+            onnxruntime: None,
+            intra_threads: 2,
+            intra_op_spinning: false,
+            sessions: 1,
+            max_batch: 8,
+            queue_capacity: 256,
+        }
+    }
+}
+
+impl Default for PoliciesConfig {
+    fn default() -> Self {
+        PoliciesConfig { dir: PathBuf::from("policies") }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            model: ModelConfig::default(),
+            policies: PoliciesConfig::default(),
+            gpu: GpuConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file; relative paths become relative to its directory.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading config {}: {e}", path.display()))?;
+        let mut config: Config = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.model.dir = base.join(&config.model.dir);
+        config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
+        config.policies.dir = base.join(&config.policies.dir);
+        config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let s = &self.server;
+        let m = &self.model;
+        let positive = [
+            ("server.max_body_bytes", s.max_body_bytes as u64),
+            ("server.max_text_bytes", s.max_text_bytes as u64),
+            ("server.default_deadline_ms", s.default_deadline_ms),
+            ("server.request_timeout_ms", s.request_timeout_ms),
+            ("model.intra_threads", m.intra_threads as u64),
+            ("model.sessions", m.sessions as u64),
+            ("model.max_batch", m.max_batch as u64),
+            ("model.queue_capacity", m.queue_capacity as u64),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("`{name}` must be at least 1"));
+        }
+        if s.default_deadline_ms > s.max_deadline_ms {
+            return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());
+        }
+        Ok(())
+    }
+}

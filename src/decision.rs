@@ -1,0 +1,97 @@
+//! The decision a request gets: the response body of `POST /v1/classify`.
+
+use crate::policy::Action;
+use serde::Serialize;
+
+/// A tier of the cascade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierName {
+    Cpu,
+    Gpu,
+    Rules,
+}
+
+impl TierName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierName::Cpu => "cpu",
+            TierName::Gpu => "gpu",
+            TierName::Rules => "rules",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Label {
+    Ok,
+    Risk,
+}
+
+impl Label {
+    /// `risk` iff the risk score is at least 0.5 (the argmax of a two-class model).
+    pub fn from_risk_score(risk_score: f64) -> Label {
+        if risk_score >= 0.5 {
+            Label::Risk
+        } else {
+            Label::Ok
+        }
+    }
+}
+
+/// One stage the request went through and why it was left (or that it decided).
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub tier: TierName,
+    /// `accepted`, `low_confidence`, `out_of_distribution`, `shed`, `timeout`, `error`,
+    /// `unavailable`, `skipped`, `matched` (a rule decided) or `default` (no rule matched).
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub risk_score: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ood_score: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    pub latency_us: u64,
+}
+
+impl Step {
+    pub fn new(tier: TierName, outcome: &'static str, latency_us: u64) -> Step {
+        Step { tier, outcome, confidence: None, risk_score: None, ood_score: None, reason: None, rule: None, latency_us }
+    }
+
+    pub fn reason(mut self, reason: impl Into<String>) -> Step {
+        self.reason = Some(reason.into());
+        self
+    }
+}
+
+/// The decision. `tier` is the stage whose verdict stands; `path` lists every stage tried.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    pub request_id: String,
+    pub label: Label,
+    /// Calibrated probability of risk (model tiers) or the matching rule's score (rules).
+    pub risk_score: f64,
+    /// Calibrated probability of `label` when a model decided; `null` when rules decided
+    /// (rule scores are declared, not calibrated probabilities).
+    pub confidence: Option<f64>,
+    pub action: Action,
+    pub tier: TierName,
+    /// The rule that decided, when `tier` is `rules` and a rule matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// Text signals with at least one match, when rules were consulted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signals: Option<std::collections::BTreeMap<String, i64>>,
+    pub path: Vec<Step>,
+    pub policy_version: String,
+    pub model: String,
+    /// Time from the start of the decision to the response, µs.
+    pub latency_us: u64,
+}

@@ -1,0 +1,145 @@
+//! Errors, and the one place that maps them to HTTP responses.
+//!
+//! Client-facing problems are [`ApiError`]; every response body for an error is
+//! `{"error": {"code", "message", "field"?}}`. Tier failures ([`TierError`]) never reach
+//! the client: the cascade records them in the decision's `path` and moves to the next
+//! stage (the rules engine never fails), so they only need an `outcome` name.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+/// A request tiergate refuses, or cannot serve. Each variant maps to exactly one status.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the body is not JSON at all.
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// 400: the body could not be read (client reset, broken chunking).
+    #[error("request body could not be read: {0}")]
+    BodyRead(String),
+    /// 413: body over `server.max_body_bytes`.
+    #[error("request body must be at most {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// 415: anything but `application/json`.
+    #[error("content-type must be application/json, got `{got}`")]
+    UnsupportedMediaType { got: String },
+    /// 422: the JSON is well-formed but a field is missing, of the wrong type or out of range.
+    #[error("{message}")]
+    InvalidField { field: String, message: String },
+    /// 404
+    #[error("no route for {path}")]
+    NotFound { path: String },
+    /// 405
+    #[error("method {method} is not allowed on {path}; allowed: {allowed}")]
+    MethodNotAllowed { method: String, path: String, allowed: &'static str },
+    /// 503: the service is not ready (model not loaded).
+    #[error("not ready: {0}")]
+    NotReady(String),
+    /// 504: the whole request ran past `server.request_timeout_ms` (e.g. a slow-body client).
+    #[error("request did not complete within {timeout_ms} ms")]
+    Timeout { timeout_ms: u64 },
+    /// 500: a bug; logged with the request id.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidField { field: field.into(), message: message.into() }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::MalformedJson(_) | ApiError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Stable machine-readable code for the `error.code` field.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::MalformedJson(_) => "malformed_json",
+            ApiError::BodyRead(_) => "body_unreadable",
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
+            ApiError::InvalidField { .. } => "invalid_field",
+            ApiError::NotFound { .. } => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::NotReady(_) => "not_ready",
+            ApiError::Timeout { .. } => "timeout",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            ApiError::InvalidField { field, .. } => Some(field),
+            ApiError::PayloadTooLarge { .. } => Some("body"),
+            ApiError::UnsupportedMediaType { .. } => Some("content-type"),
+            _ => None,
+        }
+    }
+
+    /// The response for this error: status, JSON body, and `Allow` for 405.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let mut error = json!({ "code": self.code(), "message": self.to_string() });
+        if let Some(field) = self.field() {
+            error["field"] = json!(field);
+        }
+        let mut response = json_response(self.status(), &json!({ "error": error }));
+        if let ApiError::MethodNotAllowed { allowed, .. } = self {
+            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed));
+        }
+        response
+    }
+}
+
+/// A JSON response with the given status.
+pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    // Serialising our own types cannot fail (no maps with non-string keys, no foreign Serialize impls).
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Why a model tier gave no verdict. Recorded in `path`, never sent as an error response.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TierError {
+    /// The tier's bounded queue is full: shed to the next stage instead of queueing.
+    #[error("queue full ({capacity} waiting)")]
+    Overloaded { capacity: usize },
+    /// The request's deadline passed before the tier answered.
+    #[error("deadline passed after {waited_us} µs")]
+    DeadlineExceeded { waited_us: u64 },
+    /// The tier is not configured or not present on this machine.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Tokenisation or inference failed.
+    #[error("inference failed: {0}")]
+    Inference(String),
+}
+
+impl TierError {
+    /// The `path[].outcome` value for this failure.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            TierError::Overloaded { .. } => "shed",
+            TierError::DeadlineExceeded { .. } => "timeout",
+            TierError::Unavailable(_) => "unavailable",
+            TierError::Inference(_) => "error",
+        }
+    }
+}

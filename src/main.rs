@@ -1,0 +1,203 @@
+//! The `tiergate` command line.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tiergate::calibrate::{confidences, ece, fit_temperature, reliability, CalibrationFile};
+use tiergate::config::Config;
+use tiergate::policy::Policy;
+use tiergate::tier::model::{ModelAssets, SessionOptions};
+use tiergate::{App, Gateway};
+
+const DEFAULT_CONFIG: &str = "config/tiergate.toml";
+
+/// Tiered model router and proxy for risk-control inference: each request is classified by an
+/// in-process INT8 model with calibrated confidence, and a CEL rules engine decides when the
+/// model is unsure, out of its domain, overloaded or out of time.
+#[derive(Parser)]
+#[command(name = "tiergate", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve `POST /v1/classify`, `/healthz`, `/readyz` and `/metrics`.
+    Serve {
+        /// Config file (TOML). Default: config/tiergate.toml if present, else built-in defaults.
+        #[arg(long, env = "TIERGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Listen address, overriding `server.listen`.
+        #[arg(long, env = "TIERGATE_LISTEN")]
+        listen: Option<SocketAddr>,
+        /// Policy directory, overriding `policies.dir`.
+        #[arg(long, env = "TIERGATE_POLICIES")]
+        policies: Option<PathBuf>,
+        /// Model directory, overriding `model.dir`.
+        #[arg(long, env = "TIERGATE_MODELS")]
+        models: Option<PathBuf>,
+    },
+    /// Fit the model's temperature on labelled data and print ECE before and after.
+    ///
+    /// Input: JSON lines `{"text": str, "label": 0|1}` (1 = risk). Prints accuracy, NLL and
+    /// ECE at T=1, at the model's current T and at the fitted T, with a reliability table.
+    Calibrate {
+        /// Labelled JSONL file.
+        #[arg(long, short)]
+        input: PathBuf,
+        #[arg(long, env = "TIERGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Model directory, overriding `model.dir`.
+        #[arg(long)]
+        models: Option<PathBuf>,
+        /// Equal-width confidence bins for ECE.
+        #[arg(long, default_value_t = 15)]
+        bins: usize,
+        /// Write the fitted temperature to this calibration file (e.g. models/calibration.json).
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+    /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
+    /// Exits 1 and lists every problem (file and rule) if the policy is invalid.
+    CheckPolicy {
+        /// Policy directory.
+        dir: PathBuf,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Serve { config, listen, policies, models } => serve(config, listen, policies, models),
+        Command::Calibrate { input, config, models, bins, write } => calibrate(&input, config, models, bins, write.as_deref()),
+        Command::CheckPolicy { dir } => check_policy(&dir),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Config::load(&p).map_err(anyhow::Error::msg),
+        None if Path::new(DEFAULT_CONFIG).is_file() => Config::load(Path::new(DEFAULT_CONFIG)).map_err(anyhow::Error::msg),
+        None => Ok(Config::default()),
+    }
+}
+
+fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, policies: Option<PathBuf>, models: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut config = load_config(config)?;
+    if let Some(l) = listen {
+        config.server.listen = l;
+    }
+    if let Some(p) = policies {
+        config.policies.dir = p;
+    }
+    if let Some(m) = models {
+        config.model.dir = m;
+    }
+    let gateway = Gateway::start(&config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.server.listen)
+            .await
+            .with_context(|| format!("binding {}", config.server.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, "tiergate listening");
+        let app = Arc::new(App { gateway, limits: config.server.clone() });
+        tiergate::serve(listener, app, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+#[derive(serde::Deserialize)]
+struct Labelled {
+    text: String,
+    label: usize,
+}
+
+fn calibrate(input: &Path, config: Option<PathBuf>, models: Option<PathBuf>, bins: usize, write: Option<&Path>) -> anyhow::Result<()> {
+    let mut config = load_config(config)?;
+    if let Some(m) = models {
+        config.model.dir = m;
+    }
+    let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let mut examples = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let ex: Labelled = serde_json::from_str(line).with_context(|| format!("{}:{}: expected {{\"text\": str, \"label\": 0|1}}", input.display(), i + 1))?;
+        anyhow::ensure!(ex.label <= 1, "{}:{}: `label` must be 0 or 1, got {}", input.display(), i + 1, ex.label);
+        examples.push(ex);
+    }
+    anyhow::ensure!(examples.len() >= 2, "{}: need at least 2 labelled examples", input.display());
+    let env = tiergate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
+    let assets = ModelAssets::load(&config.model.dir)?;
+    let current_t = assets.info.temperature;
+    let mut classifier = assets.classifier(env, SessionOptions { intra_threads: config.model.intra_threads, intra_op_spinning: false })?;
+    let mut logits = Vec::with_capacity(examples.len());
+    for chunk in examples.chunks(16) {
+        let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();
+        logits.extend(classifier.classify(&texts)?.into_iter().map(|o| o.logits.to_vec()));
+    }
+    let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+    let fitted = fit_temperature(&logits, &labels);
+    println!("{} examples from {}; model {}", examples.len(), input.display(), assets.info.name);
+    println!("{:<16} {:>8} {:>9} {:>8} {:>8}", "", "T", "accuracy", "NLL", format!("ECE({bins})"));
+    for (name, t) in [("uncalibrated", 1.0), ("current", current_t), ("fitted", fitted)] {
+        let (conf, correct) = confidences(&logits, &labels, t);
+        let acc = correct.iter().filter(|&&c| c).count() as f64 / correct.len() as f64;
+        let nll = tiergate::calibrate::nll(&logits, &labels, t);
+        println!("{name:<16} {t:>8.4} {acc:>9.4} {nll:>8.4} {:>8.4}", ece(&conf, &correct, bins));
+    }
+    let (conf, correct) = confidences(&logits, &labels, fitted);
+    println!("\nreliability at fitted T = {fitted:.4}:");
+    println!("{:>13} {:>6} {:>10} {:>9}", "confidence", "n", "mean conf", "accuracy");
+    for b in reliability(&conf, &correct, bins).iter().filter(|b| b.count > 0) {
+        println!("  [{:.3},{:.3}) {:>6} {:>10.4} {:>9.4}", b.lower, b.upper, b.count, b.mean_confidence, b.accuracy);
+    }
+    if let Some(path) = write {
+        let mut extra = serde_json::Map::new();
+        extra.insert("fitted_on".into(), input.display().to_string().into());
+        extra.insert("n".into(), examples.len().into());
+        let file = CalibrationFile {
+            temperature: fitted,
+            method: Some("temperature scaling (Guo et al. 2017), NLL minimised by `tiergate calibrate`".into()),
+            extra,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("\nwrote T = {fitted:.4} to {}", path.display());
+    }
+    Ok(())
+}
+
+fn check_policy(dir: &Path) -> anyhow::Result<()> {
+    let policy = Policy::load_dir(dir)?;
+    println!("policy {} is valid: version {}, {} rules", dir.display(), policy.version, policy.rules.rule_count());
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Routing policies: schema, loading, validation and the live store.
+//!
+//! A policy is a directory of TOML files merged in file-name order. Each file may hold any
+//! of the sections below; a section (or a signal name) defined in two files is an error, and
+//! `[[rules]]` concatenate in file order. Unknown keys are errors. Validation compiles every
+//! regex and CEL rule and reports every problem at once, each with its file and rule.
+//! The version is a content hash, so the same files always give the same `policy_version`.
+
+use crate::rules::RuleSet;
+use arc_swap::ArcSwap;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a decision does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Allow,
+    Review,
+    Block,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Review => "review",
+            Action::Block => "block",
+        }
+    }
+}
+
+/// `[actions]`: map a calibrated risk score to an action.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionThresholds {
+    /// `risk_score >= review_at` gives at least `review`.
+    pub review_at: f64,
+    /// `risk_score >= block_at` gives `block`.
+    pub block_at: f64,
+}
+
+impl ActionThresholds {
+    pub fn action_for(&self, risk_score: f64) -> Action {
+        if risk_score >= self.block_at {
+            Action::Block
+        } else if risk_score >= self.review_at {
+            Action::Review
+        } else {
+            Action::Allow
+        }
+    }
+}
+
+/// `[cascade]`: when a model verdict stands and when the next stage takes over.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cascade {
+    /// A model verdict with calibrated confidence below this goes to rules.
+    pub accept_below: f64,
+    /// A model verdict whose out-of-distribution score is above this goes to rules: the
+    /// input is unlike the model's training data, so its confidence means little.
+    pub ood_above: f64,
+}
+
+/// `[signals.NAME]`: a named text signal, the number of regex matches in the text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalSpec {
+    pub patterns: Vec<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// `[[rules]]`: a CEL condition with the verdict it gives. Rules are tried in order; the
+/// first that matches decides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    pub name: String,
+    /// CEL expression over `signals`, `features`, `tenant`, `text_len`, `model`; must yield a bool.
+    pub when: String,
+    pub action: Action,
+    /// Risk score in [0, 1] reported when this rule decides.
+    pub score: f64,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// `[default]`: the verdict when rules decide and no rule matches.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultVerdict {
+    pub action: Action,
+    pub score: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    actions: Option<ActionThresholds>,
+    cascade: Option<Cascade>,
+    default: Option<DefaultVerdict>,
+    #[serde(default)]
+    signals: BTreeMap<String, SignalSpec>,
+    #[serde(default)]
+    rules: Vec<RuleSpec>,
+}
+
+/// One problem in a policy, located by file and (where there is one) rule or signal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyProblem {
+    pub file: PathBuf,
+    pub item: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.item {
+            Some(item) => write!(f, "{}: {item}: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+/// Every problem found while loading a policy.
+#[derive(Debug, Clone)]
+pub struct PolicyError(pub Vec<PolicyProblem>);
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(|p| p.to_string()).collect();
+        write!(f, "{} problem(s) in policy:\n  {}", lines.len(), lines.join("\n  "))
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// A loaded, validated policy. Immutable: a new version is a new `Policy`.
+#[derive(Debug)]
+pub struct Policy {
+    /// `sha256` over file names and contents, first 12 hex digits.
+    pub version: String,
+    pub dir: PathBuf,
+    pub actions: ActionThresholds,
+    pub cascade: Cascade,
+    pub rules: RuleSet,
+}
+
+impl Policy {
+    /// Loads and validates every `*.toml` in `dir`.
+    pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
+        let dir_problem = |message: String| PolicyError(vec![PolicyProblem { file: dir.to_path_buf(), item: None, message }]);
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| dir_problem(format!("cannot read policy directory: {e}")))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            return Err(dir_problem("no *.toml policy files".into()));
+        }
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| PolicyError(vec![PolicyProblem { file: path.clone(), item: None, message: format!("cannot read: {e}") }]))?;
+            files.push((path, text));
+        }
+        Policy::from_sources(dir, &files)
+    }
+
+    /// Builds a policy from `(file name, TOML text)` pairs, in order.
+    pub fn from_sources(dir: &Path, files: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
+        let mut problems = Vec::new();
+        let mut hasher = Sha256::new();
+        let mut merged = Merged::default();
+        for (path, text) in files {
+            hasher.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+            hasher.update([0]);
+            hasher.update(text.as_bytes());
+            hasher.update([0]);
+            match toml::from_str::<PolicyFile>(text) {
+                Ok(file) => merged.add(path, file, &mut problems),
+                Err(e) => problems.push(PolicyProblem { file: path.clone(), item: None, message: one_line(&e.to_string()) }),
+            }
+        }
+        let version = format!("{:x}", hasher.finalize())[..12].to_string();
+        let whole = || dir.to_path_buf();
+        let actions = merged.actions.take();
+        let cascade = merged.cascade.take();
+        let default = merged.default.take();
+        for (what, missing) in [("[actions]", actions.is_none()), ("[cascade]", cascade.is_none()), ("[default]", default.is_none())] {
+            if missing {
+                problems.push(PolicyProblem { file: whole(), item: None, message: format!("no file defines {what}") });
+            }
+        }
+        if let Some((file, a)) = &actions {
+            check_unit(file, "actions.review_at", a.review_at, &mut problems);
+            check_unit(file, "actions.block_at", a.block_at, &mut problems);
+            if a.review_at > a.block_at {
+                problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: Some("actions".into()),
+                    message: format!("review_at ({}) must not exceed block_at ({})", a.review_at, a.block_at),
+                });
+            }
+        }
+        if let Some((file, c)) = &cascade {
+            check_unit(file, "cascade.accept_below", c.accept_below, &mut problems);
+            check_unit(file, "cascade.ood_above", c.ood_above, &mut problems);
+        }
+        if let Some((file, d)) = &default {
+            check_unit(file, "default.score", d.score, &mut problems);
+        }
+        let rules = RuleSet::compile(merged.signals, merged.rules, default.as_ref().map(|(_, d)| d.clone()), &mut problems);
+        match (problems.is_empty(), actions, cascade, rules) {
+            (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => {
+                Ok(Policy { version, dir: dir.to_path_buf(), actions, cascade, rules })
+            }
+            _ => Err(PolicyError(problems)),
+        }
+    }
+}
+
+fn check_unit(file: &Path, name: &str, value: f64, problems: &mut Vec<PolicyProblem>) {
+    if !(0.0..=1.0).contains(&value) {
+        problems.push(PolicyProblem { file: file.to_path_buf(), item: Some(name.into()), message: format!("must be in [0, 1], got {value}") });
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Sections gathered from all files, each remembering the file that defined it.
+#[derive(Default)]
+struct Merged {
+    actions: Option<(PathBuf, ActionThresholds)>,
+    cascade: Option<(PathBuf, Cascade)>,
+    default: Option<(PathBuf, DefaultVerdict)>,
+    signals: Vec<(PathBuf, String, SignalSpec)>,
+    rules: Vec<(PathBuf, RuleSpec)>,
+}
+
+impl Merged {
+    fn add(&mut self, path: &Path, file: PolicyFile, problems: &mut Vec<PolicyProblem>) {
+        fn section<T>(slot: &mut Option<(PathBuf, T)>, path: &Path, name: &str, value: Option<T>, problems: &mut Vec<PolicyProblem>) {
+            let Some(value) = value else { return };
+            if let Some((first, _)) = slot {
+                problems.push(PolicyProblem {
+                    file: path.to_path_buf(),
+                    item: Some(format!("[{name}]")),
+                    message: format!("already defined in {}", first.display()),
+                });
+            } else {
+                *slot = Some((path.to_path_buf(), value));
+            }
+        }
+        section(&mut self.actions, path, "actions", file.actions, problems);
+        section(&mut self.cascade, path, "cascade", file.cascade, problems);
+        section(&mut self.default, path, "default", file.default, problems);
+        for (name, spec) in file.signals {
+            if let Some((first, _, _)) = self.signals.iter().find(|(_, n, _)| *n == name) {
+                problems.push(PolicyProblem {
+                    file: path.to_path_buf(),
+                    item: Some(format!("signal `{name}`")),
+                    message: format!("already defined in {}", first.display()),
+                });
+            } else {
+                self.signals.push((path.to_path_buf(), name, spec));
+            }
+        }
+        self.rules.extend(file.rules.into_iter().map(|r| (path.to_path_buf(), r)));
+    }
+}
+
+/// The live policy. Each request takes one snapshot at its start and keeps it to the end,
+/// so no request is decided by half of one policy and half of another.
+pub struct PolicyStore {
+    current: ArcSwap<Policy>,
+}
+
+impl PolicyStore {
+    pub fn new(policy: Policy) -> Self {
+        PolicyStore { current: ArcSwap::from_pointee(policy) }
+    }
+
+    pub fn snapshot(&self) -> Arc<Policy> {
+        self.current.load_full()
+    }
+
+    pub fn replace(&self, policy: Policy) {
+        self.current.store(Arc::new(policy));
+    }
+}

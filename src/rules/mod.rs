@@ -1,0 +1,388 @@
+//! The rules engine: named text signals (regex match counts) and CEL rules over them.
+//!
+//! Rules decide when the models are unsure, overloaded, failing or out of time, so this
+//! stage never fails and never waits: a rule whose evaluation errors (a missing feature, a
+//! type mismatch) counts as not matching, and the error is reported with the verdict.
+//!
+//! Variables a rule sees (CEL, <https://github.com/google/cel-spec>):
+//! - `signals`: map signal name -> int, the match count of every signal (zero included);
+//! - `features`: the request's `features` object (JSON numbers: integers as `int`, others `double`);
+//! - `tenant`: string (`""` when absent); `text_len`: int, bytes;
+//! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
+//!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
+
+use crate::policy::{Action, DefaultVerdict, PolicyProblem, RuleSpec, SignalSpec};
+use cel::objects::{Key, Map};
+use cel::{Context, Env, Program, Value};
+use regex::Regex;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+struct Signal {
+    name: String,
+    patterns: Vec<Regex>,
+}
+
+struct Rule {
+    name: String,
+    program: Program,
+    action: Action,
+    score: f64,
+}
+
+/// A compiled rule set. Building the CEL `Env` once and sharing it keeps an evaluation near
+/// a microsecond (a fresh default context per request costs ~15 µs; DESIGN.md).
+pub struct RuleSet {
+    env: Arc<Env>,
+    signals: Vec<Signal>,
+    rules: Vec<Rule>,
+    default: DefaultVerdict,
+}
+
+impl std::fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleSet").field("signals", &self.signals.len()).field("rules", &self.rules.len()).finish()
+    }
+}
+
+/// The model's view, when a model tier answered before rules were consulted.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelView {
+    pub risk_score: f64,
+    pub confidence: f64,
+    pub ood_score: f64,
+}
+
+/// What the rules see of one request.
+pub struct RulesInput<'a> {
+    pub text: &'a str,
+    pub features: &'a serde_json::Map<String, serde_json::Value>,
+    pub tenant: Option<&'a str>,
+    pub model: Option<ModelView>,
+}
+
+/// The rules' verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleVerdict {
+    /// The rule that matched; `None` when the policy's `[default]` applied.
+    pub rule: Option<String>,
+    pub action: Action,
+    pub risk_score: f64,
+    /// Signals with at least one match.
+    pub signals: BTreeMap<String, i64>,
+    /// Rules whose evaluation failed, with the error (they count as not matching).
+    pub errors: Vec<(String, String)>,
+}
+
+impl RuleSet {
+    /// Compiles signals and rules, pushing every problem found; `None` if there was any.
+    pub(crate) fn compile(
+        signals: Vec<(PathBuf, String, SignalSpec)>,
+        rules: Vec<(PathBuf, RuleSpec)>,
+        default: Option<DefaultVerdict>,
+        problems: &mut Vec<PolicyProblem>,
+    ) -> Option<RuleSet> {
+        let before = problems.len();
+        let env = Arc::new(Env::stdlib());
+        let mut compiled_signals = Vec::new();
+        for (file, name, spec) in signals {
+            let item = Some(format!("signal `{name}`"));
+            if spec.patterns.is_empty() {
+                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: "needs at least one pattern".into() });
+            }
+            let mut patterns = Vec::new();
+            for p in &spec.patterns {
+                match Regex::new(p) {
+                    Ok(r) => patterns.push(r),
+                    Err(e) => problems.push(PolicyProblem {
+                        file: file.clone(),
+                        item: item.clone(),
+                        message: format!("bad regex `{p}`: {}", e.to_string().lines().last().unwrap_or_default().trim()),
+                    }),
+                }
+            }
+            compiled_signals.push(Signal { name, patterns });
+        }
+        let mut compiled_rules: Vec<Rule> = Vec::new();
+        for (file, spec) in rules {
+            let item = Some(format!("rule `{}`", spec.name));
+            if compiled_rules.iter().any(|r| r.name == spec.name) {
+                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: "duplicate rule name".into() });
+            }
+            if !(0.0..=1.0).contains(&spec.score) {
+                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: format!("score must be in [0, 1], got {}", spec.score) });
+            }
+            let program = match env.compile(&spec.when) {
+                Ok(p) => p,
+                Err(e) => {
+                    problems.push(PolicyProblem { file, item, message: format!("bad CEL in `when`: {}", e.to_string().trim()) });
+                    continue;
+                }
+            };
+            let references = program.references();
+            for var in references.variables() {
+                if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "model") {
+                    problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: format!("unknown variable `{var}`") });
+                }
+            }
+            compiled_rules.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
+        }
+        match default {
+            Some(default) if problems.len() == before => Some(RuleSet { env, signals: compiled_signals, rules: compiled_rules, default }),
+            _ => None,
+        }
+    }
+
+    /// Match counts of every signal over `text`.
+    pub fn count_signals(&self, text: &str) -> BTreeMap<String, i64> {
+        self.signals
+            .iter()
+            .map(|s| (s.name.clone(), s.patterns.iter().map(|p| p.find_iter(text).count() as i64).sum()))
+            .collect()
+    }
+
+    /// Evaluates the rules in order; the first match decides, else the default applies.
+    pub fn evaluate(&self, input: &RulesInput<'_>) -> RuleVerdict {
+        let counts = self.count_signals(input.text);
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
+        let signal_map: HashMap<Key, Value> = counts.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
+        ctx.add_variable_from_value("signals", Value::Map(Map { map: Arc::new(signal_map) }));
+        ctx.add_variable_from_value("features", json_object_to_cel(input.features));
+        ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
+        ctx.add_variable_from_value("text_len", Value::Int(input.text.len() as i64));
+        let mut model: HashMap<Key, Value> = HashMap::new();
+        model.insert(Key::from("available"), Value::Bool(input.model.is_some()));
+        if let Some(m) = input.model {
+            model.insert(Key::from("risk_score"), Value::Float(m.risk_score));
+            model.insert(Key::from("confidence"), Value::Float(m.confidence));
+            model.insert(Key::from("ood_score"), Value::Float(m.ood_score));
+        }
+        ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
+
+        let mut errors = Vec::new();
+        let mut decided = None;
+        for rule in &self.rules {
+            match rule.program.execute(&ctx) {
+                Ok(Value::Bool(true)) => {
+                    decided = Some(rule);
+                    break;
+                }
+                Ok(Value::Bool(false)) => {}
+                Ok(other) => errors.push((rule.name.clone(), format!("evaluated to {other:?}, not a bool"))),
+                Err(e) => errors.push((rule.name.clone(), e.to_string())),
+            }
+        }
+        let signals = counts.into_iter().filter(|(_, n)| *n > 0).collect();
+        match decided {
+            Some(rule) => RuleVerdict { rule: Some(rule.name.clone()), action: rule.action, risk_score: rule.score, signals, errors },
+            None => RuleVerdict { rule: None, action: self.default.action, risk_score: self.default.score, signals, errors },
+        }
+    }
+
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+}
+
+/// JSON -> CEL with integers as `int` (CEL integer literals are `int`, so `features.amount > 10000`
+/// must compare int with int; serde would give `uint`).
+fn json_to_cel(v: &serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Int(i),
+            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(a) => Value::List(Arc::new(a.iter().map(json_to_cel).collect())),
+        serde_json::Value::Object(o) => json_object_to_cel(o),
+    }
+}
+
+fn json_object_to_cel(o: &serde_json::Map<String, serde_json::Value>) -> Value {
+    let map: HashMap<Key, Value> = o.iter().map(|(k, v)| (Key::from(k.as_str()), json_to_cel(v))).collect();
+    Value::Map(Map { map: Arc::new(map) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+    use std::path::Path;
+
+    fn policy(text: &str) -> Result<Policy, crate::policy::PolicyError> {
+        let base = r#"
+            [actions]
+            review_at = 0.3
+            block_at = 0.8
+            [cascade]
+            accept_below = 0.9
+            ood_above = 0.99
+            [default]
+            action = "allow"
+            score = 0.1
+        "#;
+        Policy::from_sources(
+            Path::new("p"),
+            &[(PathBuf::from("p/base.toml"), base.to_string()), (PathBuf::from("p/rules.toml"), text.to_string())],
+        )
+    }
+
+    fn eval(p: &Policy, text: &str, features: serde_json::Value, model: Option<ModelView>) -> RuleVerdict {
+        let features = features.as_object().cloned().unwrap_or_default();
+        p.rules.evaluate(&RulesInput { text, features: &features, tenant: Some("acme"), model })
+    }
+
+    const RULES: &str = r#"
+        [signals.link]
+        patterns = ['https?://\S+']
+        [signals.otp]
+        patterns = ['(?i)\b(one[- ]time code|otp|verification code)\b']
+        [[rules]]
+        name = "otp_with_link"
+        when = "signals.otp > 0 && signals.link > 0"
+        action = "block"
+        score = 0.95
+        [[rules]]
+        name = "large_foreign_transfer"
+        when = 'has(features.amount) && features.amount > 10000 && features.country != "US"'
+        action = "review"
+        score = 0.6
+        [[rules]]
+        name = "model_leaning_risky"
+        when = "model.available && model.risk_score > 0.6"
+        action = "review"
+        score = 0.65
+    "#;
+
+    #[test]
+    fn first_matching_rule_decides_and_signals_are_counted() {
+        let p = policy(RULES).unwrap();
+        let v = eval(&p, "Send your OTP to http://x.io now http://y.io", serde_json::json!({}), None);
+        assert_eq!(v.rule.as_deref(), Some("otp_with_link"));
+        assert_eq!(v.action, Action::Block);
+        assert_eq!(v.risk_score, 0.95);
+        assert_eq!(v.signals.get("link"), Some(&2));
+        assert_eq!(v.signals.get("otp"), Some(&1));
+    }
+
+    #[test]
+    fn features_compare_as_numbers_and_strings() {
+        let p = policy(RULES).unwrap();
+        let v = eval(&p, "transfer", serde_json::json!({"amount": 12000, "country": "FR"}), None);
+        assert_eq!(v.rule.as_deref(), Some("large_foreign_transfer"));
+        let v = eval(&p, "transfer", serde_json::json!({"amount": 12000, "country": "US"}), None);
+        assert_eq!(v.rule, None);
+        let v = eval(&p, "transfer", serde_json::json!({"amount": 9000.5, "country": "FR"}), None);
+        assert_eq!(v.rule, None, "{v:?}");
+        assert!(v.errors.is_empty(), "a double compares with an int literal: {v:?}");
+        let v = eval(&p, "transfer", serde_json::json!({"amount": 10000.5, "country": "FR"}), None);
+        assert_eq!(v.rule.as_deref(), Some("large_foreign_transfer"), "{v:?}");
+    }
+
+    #[test]
+    fn missing_feature_is_no_match_not_a_failure() {
+        let p = policy(r#"
+            [[rules]]
+            name = "needs_amount"
+            when = "features.amount > 5"
+            action = "block"
+            score = 0.9
+        "#)
+        .unwrap();
+        let v = eval(&p, "hello", serde_json::json!({}), None);
+        assert_eq!(v.rule, None);
+        assert_eq!(v.action, Action::Allow);
+        assert_eq!(v.risk_score, 0.1);
+        assert_eq!(v.errors.len(), 1);
+        assert_eq!(v.errors[0].0, "needs_amount");
+    }
+
+    #[test]
+    fn model_view_is_visible_only_when_a_model_answered() {
+        let p = policy(RULES).unwrap();
+        let m = ModelView { risk_score: 0.7, confidence: 0.7, ood_score: 0.2 };
+        assert_eq!(eval(&p, "hi", serde_json::json!({}), Some(m)).rule.as_deref(), Some("model_leaning_risky"));
+        let v = eval(&p, "hi", serde_json::json!({}), None);
+        assert_eq!(v.rule, None);
+        assert!(v.errors.is_empty(), "short-circuit keeps a missing model from erroring: {v:?}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_file_and_rule() {
+        let err = policy(r#"
+            [signals.bad]
+            patterns = ['(unclosed']
+            [[rules]]
+            name = "bad_cel"
+            when = "signals.x >"
+            action = "block"
+            score = 0.9
+            [[rules]]
+            name = "bad_score"
+            when = "true"
+            action = "block"
+            score = 1.5
+            [[rules]]
+            name = "typo_var"
+            when = "signal.link > 0"
+            action = "block"
+            score = 0.9
+        "#)
+        .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.0.len(), 4, "{text}");
+        for needle in ["signal `bad`", "rule `bad_cel`", "rule `bad_score`", "rule `typo_var`", "unknown variable `signal`"] {
+            assert!(text.contains(needle), "missing {needle} in {text}");
+        }
+        assert!(err.0.iter().all(|p| p.file == Path::new("p/rules.toml")));
+    }
+
+    #[test]
+    fn unknown_keys_and_out_of_range_thresholds_are_errors() {
+        let err = policy("[[rules]]\nname = \"a\"\nwhen = \"true\"\naction = \"block\"\nscore = 0.9\nsevrity = 1\n").unwrap_err();
+        assert!(err.to_string().contains("sevrity"), "{err}");
+        let err = Policy::from_sources(
+            Path::new("p"),
+            &[(PathBuf::from("p/a.toml"), "[actions]\nreview_at = 0.9\nblock_at = 0.5\n[cascade]\naccept_below = 2\nood_above = 0.5\n[default]\naction = \"allow\"\nscore = 0\n".into())],
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("review_at (0.9) must not exceed block_at (0.5)"), "{text}");
+        assert!(text.contains("cascade.accept_below: must be in [0, 1], got 2"), "{text}");
+    }
+
+    #[test]
+    fn bundled_policy_is_valid_and_its_rules_fire() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        let p = Policy::load_dir(&dir).unwrap();
+        let none = serde_json::json!({});
+        let cases = [
+            ("Your account is locked. Verify your password at http://secure-bank.example.top/login", Some("credential_phishing")),
+            ("Your code is 482911. Do not share it with anyone. https://bank.example/help", None),
+            ("Pay the fine today with 3 Google Play cards of $100 each", Some("gift_card_payment")),
+            ("Send 0.5 BTC to this wallet address immediately or your files are published", Some("urgent_crypto_or_wire")),
+            ("Congratulations, you have won! Claim your prize at bit.ly/abc123", Some("prize_bait")),
+            ("rent for march, thanks!", None),
+        ];
+        for (text, rule) in cases {
+            assert_eq!(eval(&p, text, none.clone(), None).rule.as_deref(), rule, "{text}");
+        }
+        let features = serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"});
+        assert_eq!(eval(&p, "invoice 4471", features, None).rule.as_deref(), Some("large_cross_border_payment"));
+        let unsure = ModelView { risk_score: 0.62, confidence: 0.62, ood_score: 0.3 };
+        assert_eq!(eval(&p, "see you at 5", none, Some(unsure)).rule.as_deref(), Some("model_leaning_risky"));
+    }
+
+    #[test]
+    fn version_is_a_content_hash() {
+        let a = policy(RULES).unwrap();
+        let b = policy(RULES).unwrap();
+        let c = policy(&RULES.replace("0.95", "0.96")).unwrap();
+        assert_eq!(a.version, b.version);
+        assert_ne!(a.version, c.version);
+        assert_eq!(a.version.len(), 12);
+    }
+}

@@ -1,0 +1,159 @@
+//! The cpu tier: a pool of blocking worker threads, each owning an ONNX Runtime session,
+//! fed by one bounded queue.
+//!
+//! Model work never runs on the async runtime's threads (as in the TGI router): the request
+//! task enqueues a job with a oneshot reply channel and awaits it until its deadline. A full
+//! queue sheds at once (`TierError::Overloaded`) so the cascade falls back to rules instead
+//! of queueing. A worker takes every job already waiting, up to `max_batch`, into one
+//! inference call; it never holds a job back to wait for more.
+
+use super::model::{ModelAssets, ModelInfo, SessionOptions};
+use super::ModelVerdict;
+use crate::config::ModelConfig;
+use crate::error::TierError;
+use ort::environment::Environment;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+struct Job {
+    text: Arc<str>,
+    enqueued: Instant,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<ModelVerdict, TierError>>,
+}
+
+pub struct CpuTier {
+    tx: Sender<Job>,
+    capacity: usize,
+    in_flight: Arc<AtomicUsize>,
+    workers_alive: Arc<AtomicUsize>,
+    info: ModelInfo,
+}
+
+/// Counts a worker as alive until its thread ends, by return or by panic.
+struct AliveGuard(Arc<AtomicUsize>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl CpuTier {
+    /// Loads the model from `config.dir` and starts `config.sessions` workers.
+    pub fn start(env: &Environment, config: &ModelConfig) -> anyhow::Result<CpuTier> {
+        let assets = ModelAssets::load(&config.dir)?;
+        let options = SessionOptions { intra_threads: config.intra_threads, intra_op_spinning: config.intra_op_spinning };
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let workers_alive = Arc::new(AtomicUsize::new(0));
+        for i in 0..config.sessions {
+            let classifier = assets.classifier(env, options)?;
+            let rx = rx.clone();
+            let in_flight = Arc::clone(&in_flight);
+            let max_batch = config.max_batch;
+            workers_alive.fetch_add(1, Ordering::Relaxed);
+            let alive = AliveGuard(Arc::clone(&workers_alive));
+            std::thread::Builder::new().name(format!("tiergate-cpu-{i}")).spawn(move || {
+                let _alive = alive;
+                worker(classifier, rx, max_batch, in_flight)
+            })?;
+        }
+        tracing::info!(model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
+            sessions = config.sessions, intra_threads = config.intra_threads, "cpu tier ready");
+        Ok(CpuTier { tx, capacity: config.queue_capacity, in_flight, workers_alive, info: assets.info })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Requests waiting for a worker.
+    pub fn queue_depth(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// Worker threads still running (a panicked worker is not).
+    pub fn workers_alive(&self) -> usize {
+        self.workers_alive.load(Ordering::Relaxed)
+    }
+
+    /// Requests a worker is running now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Classifies `text`, giving up at `deadline`.
+    ///
+    /// Errors: `Overloaded` when the queue is full, `DeadlineExceeded` when the deadline passes
+    /// first, `Inference` when tokenisation or ONNX Runtime fails.
+    pub async fn classify(&self, text: Arc<str>, deadline: tokio::time::Instant) -> Result<ModelVerdict, TierError> {
+        let (reply, rx) = oneshot::channel();
+        let enqueued = Instant::now();
+        let job = Job { text, enqueued, deadline: deadline.into_std(), reply };
+        self.tx.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => TierError::Overloaded { capacity: self.capacity },
+            TrySendError::Disconnected(_) => TierError::Unavailable("cpu workers have stopped".into()),
+        })?;
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(TierError::Inference("the worker dropped the request".into())),
+            Err(_) => Err(TierError::DeadlineExceeded { waited_us: enqueued.elapsed().as_micros() as u64 }),
+        }
+    }
+}
+
+fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch: usize, in_flight: Arc<AtomicUsize>) {
+    // Ends when the last sender (the CpuTier) is dropped.
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < max_batch {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        // A job whose caller has gone (deadline passed) would be wasted work.
+        let (live, dead): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.deadline > now && !j.reply.is_closed());
+        for job in dead {
+            let waited_us = job.enqueued.elapsed().as_micros() as u64;
+            let _ = job.reply.send(Err(TierError::DeadlineExceeded { waited_us }));
+        }
+        if live.is_empty() {
+            continue;
+        }
+        in_flight.fetch_add(live.len(), Ordering::Relaxed);
+        let started = Instant::now();
+        let texts: Vec<&str> = live.iter().map(|j| &*j.text).collect();
+        let result = classifier.classify(&texts);
+        let infer_us = started.elapsed().as_micros() as u64;
+        in_flight.fetch_sub(live.len(), Ordering::Relaxed);
+        let batch_size = live.len();
+        match result {
+            Ok(outputs) => {
+                for (job, out) in live.into_iter().zip(outputs) {
+                    let _ = job.reply.send(Ok(ModelVerdict {
+                        logits: out.logits,
+                        risk_score: out.risk_score,
+                        confidence: out.confidence,
+                        ood_score: out.ood_score,
+                        tokens: out.tokens,
+                        queue_us: started.duration_since(job.enqueued).as_micros() as u64,
+                        infer_us,
+                        batch_size,
+                    }));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, batch_size, "cpu tier inference failed");
+                for job in live {
+                    let _ = job.reply.send(Err(TierError::Inference(e.to_string())));
+                }
+            }
+        }
+    }
+}

@@ -115,7 +115,11 @@ pub fn confidences(logits: &[Vec<f32>], labels: &[usize], temperature: f64) -> (
         .zip(labels)
         .map(|(z, &y)| {
             let p = softmax_t(z, temperature);
-            let (pred, conf) = p.iter().cloned().enumerate().fold((0, f64::MIN), |best, (i, v)| if v > best.1 { (i, v) } else { best });
+            let (pred, conf) =
+                p.iter()
+                    .cloned()
+                    .enumerate()
+                    .fold((0, f64::MIN), |best, (i, v)| if v > best.1 { (i, v) } else { best });
             (conf, pred == y)
         })
         .unzip()

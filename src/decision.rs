@@ -62,7 +62,16 @@ pub struct Step {
 
 impl Step {
     pub fn new(tier: TierName, outcome: &'static str, latency_us: u64) -> Step {
-        Step { tier, outcome, confidence: None, risk_score: None, ood_score: None, reason: None, rule: None, latency_us }
+        Step {
+            tier,
+            outcome,
+            confidence: None,
+            risk_score: None,
+            ood_score: None,
+            reason: None,
+            rule: None,
+            latency_us,
+        }
     }
 
     pub fn reason(mut self, reason: impl Into<String>) -> Step {

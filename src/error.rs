@@ -109,9 +109,7 @@ pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Respon
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
     let mut response = Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 

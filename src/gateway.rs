@@ -89,7 +89,10 @@ impl Gateway {
                 }
             }
             Err(e) => {
-                path.push(Step::new(TierName::Cpu, e.outcome(), cpu_started.elapsed().as_micros() as u64).reason(e.to_string()));
+                path.push(
+                    Step::new(TierName::Cpu, e.outcome(), cpu_started.elapsed().as_micros() as u64)
+                        .reason(e.to_string()),
+                );
                 None
             }
         };
@@ -145,7 +148,9 @@ impl Gateway {
         decision.latency_us = elapsed.as_micros() as u64;
         let m = &self.metrics;
         m.decision_latency.observe(elapsed.as_secs_f64());
-        m.decisions.get_or_create(&DecisionLabels { tier: decision.tier.as_str(), action: decision.action.as_str() }).inc();
+        m.decisions
+            .get_or_create(&DecisionLabels { tier: decision.tier.as_str(), action: decision.action.as_str() })
+            .inc();
         for step in &decision.path {
             m.steps.get_or_create(&StepLabels { tier: step.tier.as_str(), outcome: step.outcome }).inc();
         }

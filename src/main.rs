@@ -75,7 +75,9 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve { config, listen, policies, models } => serve(config, listen, policies, models),
-        Command::Calibrate { input, config, models, bins, write } => calibrate(&input, config, models, bins, write.as_deref()),
+        Command::Calibrate { input, config, models, bins, write } => {
+            calibrate(&input, config, models, bins, write.as_deref())
+        }
         Command::CheckPolicy { dir } => check_policy(&dir),
     };
     match result {
@@ -90,12 +92,19 @@ fn main() -> std::process::ExitCode {
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     match path {
         Some(p) => Config::load(&p).map_err(anyhow::Error::msg),
-        None if Path::new(DEFAULT_CONFIG).is_file() => Config::load(Path::new(DEFAULT_CONFIG)).map_err(anyhow::Error::msg),
+        None if Path::new(DEFAULT_CONFIG).is_file() => {
+            Config::load(Path::new(DEFAULT_CONFIG)).map_err(anyhow::Error::msg)
+        }
         None => Ok(Config::default()),
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>, policies: Option<PathBuf>, models: Option<PathBuf>) -> anyhow::Result<()> {
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    policies: Option<PathBuf>,
+    models: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
     if let Some(l) = listen {
         config.server.listen = l;
@@ -143,7 +152,13 @@ struct Labelled {
     label: usize,
 }
 
-fn calibrate(input: &Path, config: Option<PathBuf>, models: Option<PathBuf>, bins: usize, write: Option<&Path>) -> anyhow::Result<()> {
+fn calibrate(
+    input: &Path,
+    config: Option<PathBuf>,
+    models: Option<PathBuf>,
+    bins: usize,
+    write: Option<&Path>,
+) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
     if let Some(m) = models {
         config.model.dir = m;
@@ -151,7 +166,8 @@ fn calibrate(input: &Path, config: Option<PathBuf>, models: Option<PathBuf>, bin
     let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
     let mut examples = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let ex: Labelled = serde_json::from_str(line).with_context(|| format!("{}:{}: expected {{\"text\": str, \"label\": 0|1}}", input.display(), i + 1))?;
+        let ex: Labelled = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: expected {{\"text\": str, \"label\": 0|1}}", input.display(), i + 1))?;
         anyhow::ensure!(ex.label <= 1, "{}:{}: `label` must be 0 or 1, got {}", input.display(), i + 1, ex.label);
         examples.push(ex);
     }
@@ -159,7 +175,8 @@ fn calibrate(input: &Path, config: Option<PathBuf>, models: Option<PathBuf>, bin
     let env = tiergate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
     let assets = ModelAssets::load(&config.model.dir)?;
     let current_t = assets.info.temperature;
-    let mut classifier = assets.classifier(env, SessionOptions { intra_threads: config.model.intra_threads, intra_op_spinning: false })?;
+    let mut classifier = assets
+        .classifier(env, SessionOptions { intra_threads: config.model.intra_threads, intra_op_spinning: false })?;
     let mut logits = Vec::with_capacity(examples.len());
     for chunk in examples.chunks(16) {
         let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();
@@ -190,7 +207,8 @@ fn calibrate(input: &Path, config: Option<PathBuf>, models: Option<PathBuf>, bin
             method: Some("temperature scaling (Guo et al. 2017), NLL minimised by `tiergate calibrate`".into()),
             extra,
         };
-        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n").with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("\nwrote T = {fitted:.4} to {}", path.display());
     }
     Ok(())

@@ -7,9 +7,9 @@
 //! 4. fetched into that cache from the PyPI wheel `onnxruntime==1.32.0` with
 //!    `python3 -m pip download` (the wheel ships `onnxruntime/capi/libonnxruntime.so.1.32.0`).
 
+use ort::environment::Environment;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ort::environment::Environment;
 use std::sync::OnceLock;
 
 /// The ONNX Runtime release `ort` 2.0.0-rc.15 with `api-31` is built against.

@@ -24,7 +24,9 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(len) =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+    {
         if len > limit as u64 {
             return Err(ApiError::PayloadTooLarge { limit });
         }
@@ -38,7 +40,10 @@ where
 
 /// Checks that the content type is JSON (`application/json`, parameters such as charset allowed).
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
-    let got = headers.get(header::CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).unwrap_or_default();
+    let got = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
     let essence = got.split(';').next().unwrap_or_default().trim();
     if essence.eq_ignore_ascii_case("application/json") {
         Ok(())
@@ -54,12 +59,17 @@ pub fn classify_request(headers: &HeaderMap, body: &[u8], limits: &ServerConfig)
         return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
     };
     if let Some(unknown) = obj.keys().find(|k| !matches!(k.as_str(), "text" | "features" | "tenant")) {
-        return Err(ApiError::invalid(unknown.clone(), format!("unknown field `{unknown}`; expected `text`, `features`, `tenant`")));
+        return Err(ApiError::invalid(
+            unknown.clone(),
+            format!("unknown field `{unknown}`; expected `text`, `features`, `tenant`"),
+        ));
     }
     let text = match obj.remove("text") {
         None | Some(Value::Null) => return Err(ApiError::invalid("text", "`text` is required")),
         Some(Value::String(s)) => s,
-        Some(other) => return Err(ApiError::invalid("text", format!("`text` must be a string, got {}", type_name(&other)))),
+        Some(other) => {
+            return Err(ApiError::invalid("text", format!("`text` must be a string, got {}", type_name(&other))))
+        }
     };
     if text.trim().is_empty() {
         return Err(ApiError::invalid("text", "`text` must not be empty"));
@@ -73,7 +83,12 @@ pub fn classify_request(headers: &HeaderMap, body: &[u8], limits: &ServerConfig)
     let features = match obj.remove("features") {
         None | Some(Value::Null) => serde_json::Map::new(),
         Some(Value::Object(map)) => map,
-        Some(other) => return Err(ApiError::invalid("features", format!("`features` must be an object, got {}", type_name(&other)))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "features",
+                format!("`features` must be an object, got {}", type_name(&other)),
+            ))
+        }
     };
     if features.len() > limits.max_features {
         return Err(ApiError::invalid(
@@ -82,9 +97,13 @@ pub fn classify_request(headers: &HeaderMap, body: &[u8], limits: &ServerConfig)
         ));
     }
     let tenant = match obj.remove("tenant") {
-        None | Some(Value::Null) => headers.get(TENANT_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        None | Some(Value::Null) => {
+            headers.get(TENANT_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        }
         Some(Value::String(s)) => Some(s),
-        Some(other) => return Err(ApiError::invalid("tenant", format!("`tenant` must be a string, got {}", type_name(&other)))),
+        Some(other) => {
+            return Err(ApiError::invalid("tenant", format!("`tenant` must be a string, got {}", type_name(&other))))
+        }
     };
     if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
         return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
@@ -97,12 +116,15 @@ fn deadline(headers: &HeaderMap, limits: &ServerConfig) -> Result<Duration, ApiE
         return Ok(Duration::from_millis(limits.default_deadline_ms));
     };
     let max = limits.max_deadline_ms;
-    let ms = raw
-        .to_str()
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .filter(|ms| (1..=max).contains(ms))
-        .ok_or_else(|| ApiError::invalid(DEADLINE_HEADER, format!("`{DEADLINE_HEADER}` must be an integer from 1 to {max} (milliseconds)")))?;
+    let ms =
+        raw.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|ms| (1..=max).contains(ms)).ok_or_else(
+            || {
+                ApiError::invalid(
+                    DEADLINE_HEADER,
+                    format!("`{DEADLINE_HEADER}` must be an integer from 1 to {max} (milliseconds)"),
+                )
+            },
+        )?;
     Ok(Duration::from_millis(ms))
 }
 
@@ -152,9 +174,14 @@ mod tests {
         assert_eq!(field_of(classify_request(&h, b"{}", &l)), ("text".into(), "`text` is required".into()));
         assert_eq!(field_of(classify_request(&h, br#"{"text":5}"#, &l)).1, "`text` must be a string, got a number");
         assert_eq!(field_of(classify_request(&h, br#"{"text":"  "}"#, &l)).1, "`text` must not be empty");
-        assert_eq!(field_of(classify_request(&h, br#"{"text":"01234567890"}"#, &l)).1, "`text` must be at most 10 bytes, got 11");
+        assert_eq!(
+            field_of(classify_request(&h, br#"{"text":"01234567890"}"#, &l)).1,
+            "`text` must be at most 10 bytes, got 11"
+        );
         assert_eq!(field_of(classify_request(&h, br#"{"text":"a","features":[]}"#, &l)).0, "features");
-        assert!(field_of(classify_request(&h, br#"{"text":"a","features":{"a":1,"b":2,"c":3}}"#, &l)).1.contains("at most 2 keys"));
+        assert!(field_of(classify_request(&h, br#"{"text":"a","features":{"a":1,"b":2,"c":3}}"#, &l))
+            .1
+            .contains("at most 2 keys"));
         assert_eq!(field_of(classify_request(&h, br#"{"text":"a","tenant":7}"#, &l)).0, "tenant");
         assert_eq!(field_of(classify_request(&h, br#"{"txt":"a"}"#, &l)).0, "txt");
         let mut bad = HeaderMap::new();

@@ -49,10 +49,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         .service(handler);
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms));
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms));
     builder.http2().timer(TokioTimer::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -110,7 +107,9 @@ async fn route(app: &App, req: Request<Incoming>) -> Response<Body> {
         ("/readyz", &Method::GET | &Method::HEAD) => Ok(readyz(app)),
         ("/metrics", &Method::GET) => Ok(metrics(app)),
         ("/v1/classify", _) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "POST" }),
-        ("/healthz" | "/readyz" | "/metrics", _) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "GET, HEAD" }),
+        ("/healthz" | "/readyz" | "/metrics", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "GET, HEAD" })
+        }
         _ => Err(ApiError::NotFound { path }),
     };
     result.unwrap_or_else(ApiError::into_response)
@@ -121,12 +120,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, A
     extract::require_json(&parts.headers)?;
     let bytes = extract::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
     let request = extract::classify_request(&parts.headers, &bytes, &app.limits)?;
-    let request_id = parts
-        .headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let request_id = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let decision = app.gateway.classify(request, request_id).await;
     Ok(json_response(StatusCode::OK, &decision))
 }

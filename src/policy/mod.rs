@@ -155,7 +155,8 @@ pub struct Policy {
 impl Policy {
     /// Loads and validates every `*.toml` in `dir`.
     pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
-        let dir_problem = |message: String| PolicyError(vec![PolicyProblem { file: dir.to_path_buf(), item: None, message }]);
+        let dir_problem =
+            |message: String| PolicyError(vec![PolicyProblem { file: dir.to_path_buf(), item: None, message }]);
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| dir_problem(format!("cannot read policy directory: {e}")))?
             .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -167,8 +168,13 @@ impl Policy {
         }
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| PolicyError(vec![PolicyProblem { file: path.clone(), item: None, message: format!("cannot read: {e}") }]))?;
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                PolicyError(vec![PolicyProblem {
+                    file: path.clone(),
+                    item: None,
+                    message: format!("cannot read: {e}"),
+                }])
+            })?;
             files.push((path, text));
         }
         Policy::from_sources(dir, &files)
@@ -186,7 +192,9 @@ impl Policy {
             hasher.update([0]);
             match toml::from_str::<PolicyFile>(text) {
                 Ok(file) => merged.add(path, file, &mut problems),
-                Err(e) => problems.push(PolicyProblem { file: path.clone(), item: None, message: one_line(&e.to_string()) }),
+                Err(e) => {
+                    problems.push(PolicyProblem { file: path.clone(), item: None, message: one_line(&e.to_string()) })
+                }
             }
         }
         let version = format!("{:x}", hasher.finalize())[..12].to_string();
@@ -194,7 +202,9 @@ impl Policy {
         let actions = merged.actions.take();
         let cascade = merged.cascade.take();
         let default = merged.default.take();
-        for (what, missing) in [("[actions]", actions.is_none()), ("[cascade]", cascade.is_none()), ("[default]", default.is_none())] {
+        for (what, missing) in
+            [("[actions]", actions.is_none()), ("[cascade]", cascade.is_none()), ("[default]", default.is_none())]
+        {
             if missing {
                 problems.push(PolicyProblem { file: whole(), item: None, message: format!("no file defines {what}") });
             }
@@ -217,7 +227,8 @@ impl Policy {
         if let Some((file, d)) = &default {
             check_unit(file, "default.score", d.score, &mut problems);
         }
-        let rules = RuleSet::compile(merged.signals, merged.rules, default.as_ref().map(|(_, d)| d.clone()), &mut problems);
+        let rules =
+            RuleSet::compile(merged.signals, merged.rules, default.as_ref().map(|(_, d)| d.clone()), &mut problems);
         match (problems.is_empty(), actions, cascade, rules) {
             (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => {
                 Ok(Policy { version, dir: dir.to_path_buf(), actions, cascade, rules })
@@ -229,7 +240,11 @@ impl Policy {
 
 fn check_unit(file: &Path, name: &str, value: f64, problems: &mut Vec<PolicyProblem>) {
     if !(0.0..=1.0).contains(&value) {
-        problems.push(PolicyProblem { file: file.to_path_buf(), item: Some(name.into()), message: format!("must be in [0, 1], got {value}") });
+        problems.push(PolicyProblem {
+            file: file.to_path_buf(),
+            item: Some(name.into()),
+            message: format!("must be in [0, 1], got {value}"),
+        });
     }
 }
 
@@ -249,7 +264,13 @@ struct Merged {
 
 impl Merged {
     fn add(&mut self, path: &Path, file: PolicyFile, problems: &mut Vec<PolicyProblem>) {
-        fn section<T>(slot: &mut Option<(PathBuf, T)>, path: &Path, name: &str, value: Option<T>, problems: &mut Vec<PolicyProblem>) {
+        fn section<T>(
+            slot: &mut Option<(PathBuf, T)>,
+            path: &Path,
+            name: &str,
+            value: Option<T>,
+            problems: &mut Vec<PolicyProblem>,
+        ) {
             let Some(value) = value else { return };
             if let Some((first, _)) = slot {
                 problems.push(PolicyProblem {

@@ -89,7 +89,11 @@ impl RuleSet {
         for (file, name, spec) in signals {
             let item = Some(format!("signal `{name}`"));
             if spec.patterns.is_empty() {
-                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: "needs at least one pattern".into() });
+                problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: item.clone(),
+                    message: "needs at least one pattern".into(),
+                });
             }
             let mut patterns = Vec::new();
             for p in &spec.patterns {
@@ -98,7 +102,10 @@ impl RuleSet {
                     Err(e) => problems.push(PolicyProblem {
                         file: file.clone(),
                         item: item.clone(),
-                        message: format!("bad regex `{p}`: {}", e.to_string().lines().last().unwrap_or_default().trim()),
+                        message: format!(
+                            "bad regex `{p}`: {}",
+                            e.to_string().lines().last().unwrap_or_default().trim()
+                        ),
                     }),
                 }
             }
@@ -108,28 +115,46 @@ impl RuleSet {
         for (file, spec) in rules {
             let item = Some(format!("rule `{}`", spec.name));
             if compiled_rules.iter().any(|r| r.name == spec.name) {
-                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: "duplicate rule name".into() });
+                problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: item.clone(),
+                    message: "duplicate rule name".into(),
+                });
             }
             if !(0.0..=1.0).contains(&spec.score) {
-                problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: format!("score must be in [0, 1], got {}", spec.score) });
+                problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: item.clone(),
+                    message: format!("score must be in [0, 1], got {}", spec.score),
+                });
             }
             let program = match env.compile(&spec.when) {
                 Ok(p) => p,
                 Err(e) => {
-                    problems.push(PolicyProblem { file, item, message: format!("bad CEL in `when`: {}", e.to_string().trim()) });
+                    problems.push(PolicyProblem {
+                        file,
+                        item,
+                        message: format!("bad CEL in `when`: {}", e.to_string().trim()),
+                    });
                     continue;
                 }
             };
             let references = program.references();
             for var in references.variables() {
                 if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "model") {
-                    problems.push(PolicyProblem { file: file.clone(), item: item.clone(), message: format!("unknown variable `{var}`") });
+                    problems.push(PolicyProblem {
+                        file: file.clone(),
+                        item: item.clone(),
+                        message: format!("unknown variable `{var}`"),
+                    });
                 }
             }
             compiled_rules.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
         }
         match default {
-            Some(default) if problems.len() == before => Some(RuleSet { env, signals: compiled_signals, rules: compiled_rules, default }),
+            Some(default) if problems.len() == before => {
+                Some(RuleSet { env, signals: compiled_signals, rules: compiled_rules, default })
+            }
             _ => None,
         }
     }
@@ -146,7 +171,8 @@ impl RuleSet {
     pub fn evaluate(&self, input: &RulesInput<'_>) -> RuleVerdict {
         let counts = self.count_signals(input.text);
         let mut ctx = Context::with_env(Arc::clone(&self.env));
-        let signal_map: HashMap<Key, Value> = counts.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
+        let signal_map: HashMap<Key, Value> =
+            counts.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
         ctx.add_variable_from_value("signals", Value::Map(Map { map: Arc::new(signal_map) }));
         ctx.add_variable_from_value("features", json_object_to_cel(input.features));
         ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
@@ -175,8 +201,16 @@ impl RuleSet {
         }
         let signals = counts.into_iter().filter(|(_, n)| *n > 0).collect();
         match decided {
-            Some(rule) => RuleVerdict { rule: Some(rule.name.clone()), action: rule.action, risk_score: rule.score, signals, errors },
-            None => RuleVerdict { rule: None, action: self.default.action, risk_score: self.default.score, signals, errors },
+            Some(rule) => RuleVerdict {
+                rule: Some(rule.name.clone()),
+                action: rule.action,
+                risk_score: rule.score,
+                signals,
+                errors,
+            },
+            None => {
+                RuleVerdict { rule: None, action: self.default.action, risk_score: self.default.score, signals, errors }
+            }
         }
     }
 
@@ -284,13 +318,15 @@ mod tests {
 
     #[test]
     fn missing_feature_is_no_match_not_a_failure() {
-        let p = policy(r#"
+        let p = policy(
+            r#"
             [[rules]]
             name = "needs_amount"
             when = "features.amount > 5"
             action = "block"
             score = 0.9
-        "#)
+        "#,
+        )
         .unwrap();
         let v = eval(&p, "hello", serde_json::json!({}), None);
         assert_eq!(v.rule, None);
@@ -312,7 +348,8 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_with_file_and_rule() {
-        let err = policy(r#"
+        let err = policy(
+            r#"
             [signals.bad]
             patterns = ['(unclosed']
             [[rules]]
@@ -330,11 +367,14 @@ mod tests {
             when = "signal.link > 0"
             action = "block"
             score = 0.9
-        "#)
+        "#,
+        )
         .unwrap_err();
         let text = err.to_string();
         assert_eq!(err.0.len(), 4, "{text}");
-        for needle in ["signal `bad`", "rule `bad_cel`", "rule `bad_score`", "rule `typo_var`", "unknown variable `signal`"] {
+        for needle in
+            ["signal `bad`", "rule `bad_cel`", "rule `bad_score`", "rule `typo_var`", "unknown variable `signal`"]
+        {
             assert!(text.contains(needle), "missing {needle} in {text}");
         }
         assert!(err.0.iter().all(|p| p.file == Path::new("p/rules.toml")));
@@ -342,7 +382,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_out_of_range_thresholds_are_errors() {
-        let err = policy("[[rules]]\nname = \"a\"\nwhen = \"true\"\naction = \"block\"\nscore = 0.9\nsevrity = 1\n").unwrap_err();
+        let err = policy("[[rules]]\nname = \"a\"\nwhen = \"true\"\naction = \"block\"\nscore = 0.9\nsevrity = 1\n")
+            .unwrap_err();
         assert!(err.to_string().contains("sevrity"), "{err}");
         let err = Policy::from_sources(
             Path::new("p"),
@@ -360,10 +401,16 @@ mod tests {
         let p = Policy::load_dir(&dir).unwrap();
         let none = serde_json::json!({});
         let cases = [
-            ("Your account is locked. Verify your password at http://secure-bank.example.top/login", Some("credential_phishing")),
+            (
+                "Your account is locked. Verify your password at http://secure-bank.example.top/login",
+                Some("credential_phishing"),
+            ),
             ("Your code is 482911. Do not share it with anyone. https://bank.example/help", None),
             ("Pay the fine today with 3 Google Play cards of $100 each", Some("gift_card_payment")),
-            ("Send 0.5 BTC to this wallet address immediately or your files are published", Some("urgent_crypto_or_wire")),
+            (
+                "Send 0.5 BTC to this wallet address immediately or your files are published",
+                Some("urgent_crypto_or_wire"),
+            ),
             ("Congratulations, you have won! Claim your prize at bit.ly/abc123", Some("prize_bait")),
             ("rent for march, thanks!", None),
         ];

@@ -29,16 +29,21 @@ pub fn probe() -> GpuProbe {
     }
     let count = match result::init().and_then(|_| result::device::get_count()) {
         Ok(n) => n.max(0) as usize,
-        Err(e) => return GpuProbe { devices: vec![], unavailable: Some(format!("CUDA driver present but unusable: {e}")) },
+        Err(e) => {
+            return GpuProbe { devices: vec![], unavailable: Some(format!("CUDA driver present but unusable: {e}")) }
+        }
     };
     let mut devices = Vec::new();
     let mut last_error = None;
     for ordinal in 0..count {
         match CudaContext::new(ordinal).and_then(|ctx| ctx.mem_get_info()) {
-            Ok((free, total)) => devices.push(GpuDevice { ordinal, free_bytes: free as u64, total_bytes: total as u64 }),
+            Ok((free, total)) => {
+                devices.push(GpuDevice { ordinal, free_bytes: free as u64, total_bytes: total as u64 })
+            }
             Err(e) => last_error = Some(format!("device {ordinal}: {e}")),
         }
     }
-    let unavailable = devices.is_empty().then(|| last_error.unwrap_or_else(|| "CUDA driver present but no device".into()));
+    let unavailable =
+        devices.is_empty().then(|| last_error.unwrap_or_else(|| "CUDA driver present but no device".into()));
     GpuProbe { devices, unavailable }
 }

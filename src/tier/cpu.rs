@@ -11,8 +11,8 @@ use super::model::{ModelAssets, ModelInfo, SessionOptions};
 use super::ModelVerdict;
 use crate::config::ModelConfig;
 use crate::error::TierError;
-use ort::environment::Environment;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use ort::environment::Environment;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,7 +46,8 @@ impl CpuTier {
     /// Loads the model from `config.dir` and starts `config.sessions` workers.
     pub fn start(env: &Environment, config: &ModelConfig) -> anyhow::Result<CpuTier> {
         let assets = ModelAssets::load(&config.dir)?;
-        let options = SessionOptions { intra_threads: config.intra_threads, intra_op_spinning: config.intra_op_spinning };
+        let options =
+            SessionOptions { intra_threads: config.intra_threads, intra_op_spinning: config.intra_op_spinning };
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let workers_alive = Arc::new(AtomicUsize::new(0));
@@ -118,7 +119,8 @@ fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch
         }
         let now = Instant::now();
         // A job whose caller has gone (deadline passed) would be wasted work.
-        let (live, dead): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.deadline > now && !j.reply.is_closed());
+        let (live, dead): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|j| j.deadline > now && !j.reply.is_closed());
         for job in dead {
             let waited_us = job.enqueued.elapsed().as_micros() as u64;
             let _ = job.reply.send(Err(TierError::DeadlineExceeded { waited_us }));

@@ -130,8 +130,10 @@ impl ModelAssets {
         }
 
         let ood_path = dir.join("ood.json");
-        let ood: OodFile = serde_json::from_slice(&std::fs::read(&ood_path).with_context(|| format!("reading {}", ood_path.display()))?)
-            .with_context(|| format!("parsing {}", ood_path.display()))?;
+        let ood: OodFile = serde_json::from_slice(
+            &std::fs::read(&ood_path).with_context(|| format!("reading {}", ood_path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", ood_path.display()))?;
         let dim = manifest.embedding_dim.or_else(|| ood.centroids.first().map(|c| c.len())).unwrap_or(0);
         if dim == 0 || ood.centroids.iter().any(|c| c.len() != dim) || ood.quantiles.is_empty() {
             bail!("{}: centroids must all have length {dim} and quantiles must not be empty", ood_path.display());
@@ -195,9 +197,12 @@ impl Classifier {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        // Tokens past `max_seq_len` are cut anyway; a WordPiece token is rarely longer than 16 bytes,
+        // so cutting the text first spares tokenising up to `max_text_bytes` for nothing.
+        let max_bytes = self.assets.info.max_seq_len * 16;
         let encodings = texts
             .iter()
-            .map(|t| self.assets.tokenizer.encode(*t, true))
+            .map(|t| self.assets.tokenizer.encode(prefix(t, max_bytes), true))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
         let batch = encodings.len();
@@ -220,7 +225,11 @@ impl Classifier {
         let (_, embeddings) = outputs["embedding"].try_extract_tensor::<f32>()?;
         let dim = self.assets.ood.dim;
         if logits.len() != batch * 2 || embeddings.len() != batch * dim {
-            bail!("model returned {} logits and {} embedding values for a batch of {batch}", logits.len(), embeddings.len());
+            bail!(
+                "model returned {} logits and {} embedding values for a batch of {batch}",
+                logits.len(),
+                embeddings.len()
+            );
         }
         let t = self.assets.info.temperature;
         Ok((0..batch)
@@ -236,5 +245,30 @@ impl Classifier {
                 }
             })
             .collect())
+    }
+}
+
+/// The longest prefix of `text` of at most `max_bytes` bytes that ends on a char boundary.
+fn prefix(text: &str, max_bytes: usize) -> &str {
+    if text.len() <= max_bytes {
+        return text;
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix;
+
+    #[test]
+    fn prefix_respects_char_boundaries() {
+        assert_eq!(prefix("hello", 10), "hello");
+        assert_eq!(prefix("hello", 3), "hel");
+        assert_eq!(prefix("héllo", 2), "h", "é is two bytes");
+        assert_eq!(prefix("日本", 4), "日");
     }
 }

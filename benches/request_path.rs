@@ -1,0 +1,54 @@
+//! Micro-benchmarks of the request path without the model: extraction/validation, rules
+//! (signals + CEL) on the bundled policy, temperature-scaled softmax, and the routing decision.
+//!
+//! Run: `cargo bench --bench request_path`
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::HeaderMap;
+use std::hint::black_box;
+use std::path::Path;
+use tiergate::calibrate::softmax_t;
+use tiergate::config::ServerConfig;
+use tiergate::ingress::extract::classify_request;
+use tiergate::policy::Policy;
+use tiergate::route::after_model;
+use tiergate::rules::{ModelView, RulesInput};
+use tiergate::tier::ModelVerdict;
+
+const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
+
+fn bench(c: &mut Criterion) {
+    let policy = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
+    let limits = ServerConfig::default();
+    let headers = HeaderMap::new();
+    let body = serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"}).to_string();
+    let long = SHORT.repeat(12);
+
+    c.bench_function("extract/classify_request", |b| {
+        b.iter(|| classify_request(black_box(&headers), black_box(body.as_bytes()), &limits).unwrap())
+    });
+    let features = serde_json::json!({"amount": 120, "country": "DE"}).as_object().cloned().unwrap();
+    let model = Some(ModelView { risk_score: 0.6, confidence: 0.6, ood_score: 0.4 });
+    for (name, text) in [("rules/evaluate_short", SHORT), ("rules/evaluate_1k", long.as_str())] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                policy.rules.evaluate(black_box(&RulesInput { text, features: &features, tenant: Some("acme"), model }))
+            })
+        });
+    }
+    c.bench_function("calibrate/softmax_t", |b| b.iter(|| softmax_t(black_box(&[1.3, -2.1]), black_box(1.37))));
+    let verdict = ModelVerdict {
+        logits: [1.3, -2.1],
+        risk_score: 0.03,
+        confidence: 0.97,
+        ood_score: 0.4,
+        tokens: 24,
+        queue_us: 0,
+        infer_us: 0,
+        batch_size: 1,
+    };
+    c.bench_function("route/after_model", |b| b.iter(|| after_model(black_box(&verdict), &policy.cascade)));
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

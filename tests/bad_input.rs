@@ -1,0 +1,110 @@
+//! Every kind of bad input gets its status and a JSON error naming the field and the limit.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+fn error_of(r: &Reply) -> Value {
+    assert_eq!(r.headers["content-type"], "application/json");
+    let v = r.json();
+    let e = v["error"].clone();
+    assert!(e["code"].is_string() && e["message"].is_string(), "{v}");
+    e
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+#[tokio::test]
+async fn malformed_json_is_400() {
+    let r = send(default_server(), "POST", "/v1/classify", &[JSON], "{\"text\": ").await;
+    assert_eq!(r.status, 400);
+    assert_eq!(error_of(&r)["code"], "malformed_json");
+}
+
+#[tokio::test]
+async fn field_errors_are_422_and_name_the_field() {
+    let addr = default_server();
+    let cases: &[(&str, &str, &str)] = &[
+        ("{}", "text", "`text` is required"),
+        (r#"{"text": null}"#, "text", "`text` is required"),
+        (r#"{"text": ""}"#, "text", "`text` must not be empty"),
+        (r#"{"text": "   \n"}"#, "text", "`text` must not be empty"),
+        (r#"{"text": 42}"#, "text", "`text` must be a string, got a number"),
+        (r#"{"text": ["a"]}"#, "text", "`text` must be a string, got an array"),
+        (r#"{"text": "hi", "features": "x"}"#, "features", "`features` must be an object, got a string"),
+        (r#"{"text": "hi", "tenant": 3}"#, "tenant", "`tenant` must be a string, got a number"),
+        (r#"{"text": "hi", "colour": "red"}"#, "colour", "unknown field `colour`"),
+        (r#""just a string""#, "body", "body must be a JSON object"),
+    ];
+    for (body, field, message) in cases {
+        let r = send(addr, "POST", "/v1/classify", &[JSON], body.to_string()).await;
+        assert_eq!(r.status, 422, "{body}");
+        let e = error_of(&r);
+        assert_eq!(e["code"], "invalid_field");
+        assert_eq!(e["field"], *field, "{body}");
+        assert!(e["message"].as_str().unwrap().contains(message), "{body}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn text_over_its_limit_is_422_naming_the_limit() {
+    let text = "a".repeat(16 * 1024 + 1);
+    let r =
+        send(default_server(), "POST", "/v1/classify", &[JSON], serde_json::json!({"text": text}).to_string()).await;
+    assert_eq!(r.status, 422);
+    let e = error_of(&r);
+    assert_eq!(e["field"], "text");
+    assert!(e["message"].as_str().unwrap().contains("at most 16384 bytes"), "{e}");
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413() {
+    let body = format!("{{\"text\": \"{}\"}}", "a".repeat(70 * 1024));
+    let r = send(default_server(), "POST", "/v1/classify", &[JSON], body).await;
+    assert_eq!(r.status, 413);
+    let e = error_of(&r);
+    assert_eq!(e["code"], "payload_too_large");
+    assert!(e["message"].as_str().unwrap().contains("65536 bytes"), "{e}");
+}
+
+#[tokio::test]
+async fn wrong_content_type_is_415() {
+    let addr = default_server();
+    for headers in [&[("content-type", "text/plain")][..], &[][..]] {
+        let r = send(addr, "POST", "/v1/classify", headers, r#"{"text":"hi"}"#).await;
+        assert_eq!(r.status, 415);
+        let e = error_of(&r);
+        assert_eq!(e["field"], "content-type");
+    }
+}
+
+#[tokio::test]
+async fn bad_deadline_header_is_422() {
+    let r =
+        send(default_server(), "POST", "/v1/classify", &[JSON, ("x-tiergate-deadline-ms", "soon")], r#"{"text":"hi"}"#)
+            .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(error_of(&r)["field"], "x-tiergate-deadline-ms");
+}
+
+#[tokio::test]
+async fn unknown_route_is_404_and_wrong_method_is_405() {
+    let addr = default_server();
+    let r = send(addr, "GET", "/v2/nothing", &[], "").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(error_of(&r)["code"], "not_found");
+    let r = send(addr, "GET", "/v1/classify", &[], "").await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.headers["allow"], "POST");
+    assert_eq!(error_of(&r)["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn bad_requests_do_not_disturb_the_server() {
+    let addr = default_server();
+    for _ in 0..20 {
+        send(addr, "POST", "/v1/classify", &[JSON], "\u{0}\u{1}garbage").await;
+    }
+    let r = classify(addr, serde_json::json!({"text": "still here?"})).await;
+    assert_eq!(r.status, 200);
+}

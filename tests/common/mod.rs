@@ -1,0 +1,105 @@
+//! Shared test harness: starts the real server (real model, real ONNX Runtime, real policy
+//! files) on an ephemeral port in its own runtime thread, and a small HTTP client.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tiergate::{App, Config, Gateway};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Config pointing at the bundled model and the given policy directory, on an ephemeral port.
+pub fn config(policies: &Path) -> Config {
+    let mut c = Config::default();
+    c.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.model.dir = repo().join("models");
+    c.policies.dir = policies.to_path_buf();
+    c
+}
+
+/// Starts a server for `config` on a dedicated thread and runtime (so it outlives any one
+/// test's runtime) and returns its address.
+pub fn start(config: Config) -> SocketAddr {
+    let gateway = Gateway::start(&config).expect("gateway starts with the bundled model");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(config.server.listen).await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let app = Arc::new(App { gateway, limits: config.server.clone() });
+            tiergate::serve(listener, app, std::future::pending()).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// The server with the bundled policies, shared by every test in a binary.
+pub fn default_server() -> SocketAddr {
+    static ADDR: std::sync::OnceLock<SocketAddr> = std::sync::OnceLock::new();
+    *ADDR.get_or_init(|| start(config(&repo().join("policies"))))
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Reply {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut req = Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client.request(req.body(Full::new(body.into())).unwrap()).await.expect("request reaches the server");
+    let (parts, body) = resp.into_parts();
+    Reply { status: parts.status, headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
+}
+
+pub async fn classify(addr: SocketAddr, body: serde_json::Value) -> Reply {
+    send(addr, "POST", "/v1/classify", &[("content-type", "application/json")], body.to_string()).await
+}
+
+/// Labelled examples `{"text", "label"}` from a JSONL file under tests/data.
+pub fn labelled(name: &str) -> Vec<(String, u8)> {
+    let text = std::fs::read_to_string(repo().join("tests/data").join(name)).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["text"].as_str().unwrap().to_string(), v["label"].as_u64().unwrap() as u8)
+        })
+        .collect()
+}
+
+/// A copy of the bundled policies with `routing.toml` replaced, in a fresh temporary directory.
+pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiergate-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(repo().join("policies/rules.toml"), dir.join("rules.toml")).unwrap();
+    std::fs::write(dir.join("routing.toml"), routing).unwrap();
+    dir
+}

@@ -21,14 +21,15 @@ fn bench(c: &mut Criterion) {
     let policy = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
     let limits = ServerConfig::default();
     let headers = HeaderMap::new();
-    let body = serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"}).to_string();
+    let body =
+        serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"}).to_string();
     let long = SHORT.repeat(12);
 
     c.bench_function("extract/classify_request", |b| {
         b.iter(|| classify_request(black_box(&headers), black_box(body.as_bytes()), &limits).unwrap())
     });
     let features = serde_json::json!({"amount": 120, "country": "DE"}).as_object().cloned().unwrap();
-    let model = Some(ModelView { risk_score: 0.6, confidence: 0.6, ood_score: 0.4 });
+    let model = Some(ModelView { risk_score: 0.6, confidence: 0.6, ood_score: Some(0.4) });
     for (name, text) in [("rules/evaluate_short", SHORT), ("rules/evaluate_1k", long.as_str())] {
         c.bench_function(name, |b| {
             b.iter(|| {
@@ -38,14 +39,14 @@ fn bench(c: &mut Criterion) {
     }
     c.bench_function("calibrate/softmax_t", |b| b.iter(|| softmax_t(black_box(&[1.3, -2.1]), black_box(1.37))));
     let verdict = ModelVerdict {
-        logits: [1.3, -2.1],
         risk_score: 0.03,
         confidence: 0.97,
-        ood_score: 0.4,
-        tokens: 24,
+        ood_score: Some(0.4),
+        tokens: Some(24),
         queue_us: 0,
         infer_us: 0,
         batch_size: 1,
+        endpoint: None,
     };
     c.bench_function("route/after_model", |b| b.iter(|| after_model(black_box(&verdict), &policy.cascade)));
 }

@@ -59,7 +59,7 @@ impl Gateway {
                 let mut step = Step::new(TierName::Cpu, "accepted", cpu_started.elapsed().as_micros() as u64);
                 step.confidence = Some(v.confidence);
                 step.risk_score = Some(v.risk_score);
-                step.ood_score = Some(v.ood_score);
+                step.ood_score = v.ood_score;
                 match after_model(&v, &policy.cascade) {
                     AfterModel::Accept => {
                         path.push(step);

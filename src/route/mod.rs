@@ -17,10 +17,10 @@ pub enum AfterModel {
 /// Out-of-distribution is checked first: on inputs unlike the training data a high
 /// confidence is a guess, not evidence.
 pub fn after_model(v: &ModelVerdict, cascade: &Cascade) -> AfterModel {
-    if v.ood_score > cascade.ood_above {
+    if let Some(ood) = v.ood_score.filter(|&o| o > cascade.ood_above) {
         return AfterModel::Fallback {
             outcome: "out_of_distribution",
-            reason: format!("ood_score {:.3} above ood_above {}", v.ood_score, cascade.ood_above),
+            reason: format!("ood_score {ood:.3} above ood_above {}", cascade.ood_above),
         };
     }
     if v.confidence < cascade.accept_below {
@@ -49,14 +49,14 @@ mod tests {
 
     fn verdict(confidence: f64, ood_score: f64) -> ModelVerdict {
         ModelVerdict {
-            logits: [0.0, 0.0],
             risk_score: confidence,
             confidence,
-            ood_score,
-            tokens: 10,
+            ood_score: Some(ood_score),
+            tokens: Some(10),
             queue_us: 0,
             infer_us: 0,
             batch_size: 1,
+            endpoint: None,
         }
     }
 

@@ -51,7 +51,8 @@ impl std::fmt::Debug for RuleSet {
 pub struct ModelView {
     pub risk_score: f64,
     pub confidence: f64,
-    pub ood_score: f64,
+    /// Absent for backends without an embedding.
+    pub ood_score: Option<f64>,
 }
 
 /// What the rules see of one request.
@@ -182,7 +183,9 @@ impl RuleSet {
         if let Some(m) = input.model {
             model.insert(Key::from("risk_score"), Value::Float(m.risk_score));
             model.insert(Key::from("confidence"), Value::Float(m.confidence));
-            model.insert(Key::from("ood_score"), Value::Float(m.ood_score));
+            if let Some(ood) = m.ood_score {
+                model.insert(Key::from("ood_score"), Value::Float(ood));
+            }
         }
         ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
 
@@ -339,7 +342,7 @@ mod tests {
     #[test]
     fn model_view_is_visible_only_when_a_model_answered() {
         let p = policy(RULES).unwrap();
-        let m = ModelView { risk_score: 0.7, confidence: 0.7, ood_score: 0.2 };
+        let m = ModelView { risk_score: 0.7, confidence: 0.7, ood_score: Some(0.2) };
         assert_eq!(eval(&p, "hi", serde_json::json!({}), Some(m)).rule.as_deref(), Some("model_leaning_risky"));
         let v = eval(&p, "hi", serde_json::json!({}), None);
         assert_eq!(v.rule, None);
@@ -419,7 +422,7 @@ mod tests {
         }
         let features = serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"});
         assert_eq!(eval(&p, "invoice 4471", features, None).rule.as_deref(), Some("large_cross_border_payment"));
-        let unsure = ModelView { risk_score: 0.62, confidence: 0.62, ood_score: 0.3 };
+        let unsure = ModelView { risk_score: 0.62, confidence: 0.62, ood_score: Some(0.3) };
         assert_eq!(eval(&p, "see you at 5", none, Some(unsure)).rule.as_deref(), Some("model_leaning_risky"));
     }
 

@@ -139,14 +139,14 @@ fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch
             Ok(outputs) => {
                 for (job, out) in live.into_iter().zip(outputs) {
                     let _ = job.reply.send(Ok(ModelVerdict {
-                        logits: out.logits,
                         risk_score: out.risk_score,
                         confidence: out.confidence,
-                        ood_score: out.ood_score,
-                        tokens: out.tokens,
+                        ood_score: Some(out.ood_score),
+                        tokens: Some(out.tokens),
                         queue_us: started.duration_since(job.enqueued).as_micros() as u64,
                         infer_us,
                         batch_size,
+                        endpoint: None,
                     }));
                 }
             }

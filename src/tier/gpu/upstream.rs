@@ -1,0 +1,1 @@
+//! Pool of OpenAI-compatible model servers (placeholder).

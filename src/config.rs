@@ -4,6 +4,9 @@
 //! are resolved against the file's own directory, so the bundled config works from any
 //! working directory. Unknown keys are errors: a typo must not silently keep a default.
 
+use crate::signals::SignalsConfig;
+use crate::tier::breaker::BreakerConfig;
+use crate::tier::gpu::upstream::UpstreamConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,24 @@ pub struct Config {
     pub model: ModelConfig,
     pub policies: PoliciesConfig,
     pub gpu: GpuConfig,
+    pub signals: SignalsConfig,
+    pub admission: AdmissionConfig,
+}
+
+/// `[admission]`: per-tenant rate limits (GCRA, crate `governor`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Sustained requests per second per tenant; 0 turns tenant limits off.
+    pub tenant_rps: u32,
+    /// Burst size per tenant.
+    pub tenant_burst: u32,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig { tenant_rps: 0, tenant_burst: 50 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -57,8 +78,21 @@ pub struct ModelConfig {
     pub sessions: usize,
     /// Most requests run together in one inference call (requests already waiting are batched; none is held back).
     pub max_batch: usize,
-    /// Bounded queue in front of the workers; a full queue sheds the request to rules.
+    /// Bounded queue in front of the workers; a full queue sheds the request to the next stage.
     pub queue_capacity: usize,
+    /// ONNX Runtime execution provider: `cpu` or `cuda`.
+    pub provider: Provider,
+    /// CUDA device ordinal (provider `cuda`).
+    pub device_id: i32,
+}
+
+/// An ONNX Runtime execution provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    #[default]
+    Cpu,
+    Cuda,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -68,18 +102,42 @@ pub struct PoliciesConfig {
     pub dir: PathBuf,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuConfig {
-    /// The gpu tier's backend. Only `none` exists so far.
+    /// The gpu tier's backend: `none`, `onnx` (in-process) or `upstream` (model servers).
     pub backend: GpuBackend,
+    /// Per-request timeout on the gpu tier, ms (the request's deadline may cut it shorter).
+    pub timeout_ms: u64,
+    /// Most requests on the gpu tier at once; more are refused (`shed`) and route down.
+    pub max_concurrency: usize,
+    pub circuit: BreakerConfig,
+    /// `backend = "onnx"`: a larger or full-precision classifier with its own calibration.
+    pub onnx: ModelConfig,
+    /// `backend = "upstream"`: OpenAI-compatible model servers.
+    pub upstream: UpstreamConfig,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            backend: GpuBackend::None,
+            timeout_ms: 2000,
+            max_concurrency: 32,
+            circuit: BreakerConfig::default(),
+            onnx: ModelConfig { provider: Provider::Cuda, sessions: 1, max_batch: 32, ..ModelConfig::default() },
+            upstream: UpstreamConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuBackend {
     #[default]
     None,
+    Onnx,
+    Upstream,
 }
 
 impl Default for ServerConfig {
@@ -108,6 +166,8 @@ impl Default for ModelConfig {
             sessions: 1,
             max_batch: 8,
             queue_capacity: 256,
+            provider: Provider::Cpu,
+            device_id: 0,
         }
     }
 }
@@ -125,6 +185,8 @@ impl Default for Config {
             model: ModelConfig::default(),
             policies: PoliciesConfig::default(),
             gpu: GpuConfig::default(),
+            signals: SignalsConfig::default(),
+            admission: AdmissionConfig::default(),
         }
     }
 }
@@ -138,6 +200,7 @@ impl Config {
         config.model.dir = base.join(&config.model.dir);
         config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
         config.policies.dir = base.join(&config.policies.dir);
+        config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
         Ok(config)
     }
@@ -157,6 +220,15 @@ impl Config {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be at least 1"));
+        }
+        if m.provider != Provider::Cpu {
+            return Err("`model.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)".into());
+        }
+        if self.gpu.max_concurrency == 0 {
+            return Err("`gpu.max_concurrency` must be at least 1".into());
+        }
+        if self.gpu.backend == GpuBackend::Upstream && self.gpu.upstream.endpoints.is_empty() {
+            return Err("`gpu.upstream.endpoints` must list at least one server when `gpu.backend = \"upstream\"`".into());
         }
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());

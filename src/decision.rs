@@ -45,7 +45,8 @@ impl Label {
 pub struct Step {
     pub tier: TierName,
     /// `accepted`, `low_confidence`, `out_of_distribution`, `shed`, `timeout`, `error`,
-    /// `unavailable`, `skipped`, `matched` (a rule decided) or `default` (no rule matched).
+    /// `unavailable`, `circuit_open`, `skipped`, `matched` (a rule decided) or `default`
+    /// (no rule matched).
     pub outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f64>,
@@ -57,6 +58,9 @@ pub struct Step {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The upstream server that answered (gpu tier, upstream backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     pub latency_us: u64,
 }
 
@@ -70,6 +74,7 @@ impl Step {
             ood_score: None,
             reason: None,
             rule: None,
+            endpoint: None,
             latency_us,
         }
     }
@@ -103,4 +108,20 @@ pub struct Decision {
     pub model: String,
     /// Time from the start of the decision to the response, µs.
     pub latency_us: u64,
+    /// With `?explain=true`: why the request was routed as it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<Explain>,
+}
+
+/// What `?explain=true` adds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explain {
+    /// The complexity score and each feature's contribution (with `ood` once the cpu tier ran).
+    pub complexity: crate::complexity::Complexity,
+    /// The raw counts behind it.
+    pub stats: crate::complexity::TextStats,
+    /// The signals snapshot routing used.
+    pub signals: crate::route::SignalsSnapshot,
+    /// The starting tier, why, and each model tier's eligibility.
+    pub start: crate::route::Start,
 }

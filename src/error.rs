@@ -34,6 +34,12 @@ pub enum ApiError {
     /// 405
     #[error("method {method} is not allowed on {path}; allowed: {allowed}")]
     MethodNotAllowed { method: String, path: String, allowed: &'static str },
+    /// 429: the tenant is over its rate limit.
+    #[error("tenant `{tenant}` is over its rate limit; retry in {retry_after_s} s")]
+    RateLimited { tenant: String, retry_after_s: u64 },
+    /// 503: both model tiers are saturated and the policy says to shed.
+    #[error("overloaded: {reason}; retry in {retry_after_s} s")]
+    Shed { reason: String, retry_after_s: u64 },
     /// 503: the service is not ready (model not loaded).
     #[error("not ready: {0}")]
     NotReady(String),
@@ -58,7 +64,8 @@ impl ApiError {
             ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Shed { .. } | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -74,6 +81,8 @@ impl ApiError {
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::Shed { .. } => "overloaded",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Timeout { .. } => "timeout",
             ApiError::Internal(_) => "internal",
@@ -85,19 +94,26 @@ impl ApiError {
             ApiError::InvalidField { field, .. } => Some(field),
             ApiError::PayloadTooLarge { .. } => Some("body"),
             ApiError::UnsupportedMediaType { .. } => Some("content-type"),
+            ApiError::RateLimited { .. } => Some("tenant"),
             _ => None,
         }
     }
 
-    /// The response for this error: status, JSON body, and `Allow` for 405.
+    /// The response for this error: status, JSON body, `Allow` for 405, `Retry-After` for 429/503.
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let mut error = json!({ "code": self.code(), "message": self.to_string() });
         if let Some(field) = self.field() {
             error["field"] = json!(field);
         }
         let mut response = json_response(self.status(), &json!({ "error": error }));
-        if let ApiError::MethodNotAllowed { allowed, .. } = self {
-            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed));
+        match self {
+            ApiError::MethodNotAllowed { allowed, .. } => {
+                response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed));
+            }
+            ApiError::RateLimited { retry_after_s, .. } | ApiError::Shed { retry_after_s, .. } => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            }
+            _ => {}
         }
         response
     }
@@ -119,12 +135,15 @@ pub enum TierError {
     /// The tier's bounded queue is full: shed to the next stage instead of queueing.
     #[error("queue full ({capacity} waiting)")]
     Overloaded { capacity: usize },
-    /// The request's deadline passed before the tier answered.
+    /// The request's deadline (or the tier's own timeout) passed before the tier answered.
     #[error("deadline passed after {waited_us} µs")]
     DeadlineExceeded { waited_us: u64 },
     /// The tier is not configured or not present on this machine.
     #[error("{0}")]
     Unavailable(String),
+    /// The tier's circuit breaker is open after repeated failures.
+    #[error("circuit open after repeated failures")]
+    CircuitOpen,
     /// Tokenisation or inference failed.
     #[error("inference failed: {0}")]
     Inference(String),
@@ -137,6 +156,7 @@ impl TierError {
             TierError::Overloaded { .. } => "shed",
             TierError::DeadlineExceeded { .. } => "timeout",
             TierError::Unavailable(_) => "unavailable",
+            TierError::CircuitOpen => "circuit_open",
             TierError::Inference(_) => "error",
         }
     }

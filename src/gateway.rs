@@ -1,17 +1,28 @@
-//! The gateway: one request through the cascade, cpu tier -> (gpu tier) -> rules.
+//! The gateway: one request through admission, complexity rating, tier selection and the
+//! confidence cascade (cpu -> gpu -> rules, in the order routing picks).
 //!
-//! A decision is always produced: a tier that is unsure, out of its domain, overloaded,
-//! failing or out of time hands over to the next stage, and the rules engine never fails.
-//! Every stage tried lands in `path` with its outcome and reason.
+//! A decision is always produced unless the policy says to shed: a tier that is unsure, out of
+//! its domain, overloaded, failing, circuit-broken or out of time hands over to the next stage,
+//! and the rules engine never fails. Every stage tried lands in `path` with its outcome and reason.
 
+use crate::complexity::{self, Complexity, TextStats};
 use crate::config::{Config, GpuBackend};
-use crate::decision::{Decision, Label, Step, TierName};
-use crate::metrics::{DecisionLabels, Metrics, RuleLabels, StepLabels};
+use crate::decision::{Decision, Explain, Label, Step, TierName};
+use crate::error::{ApiError, TierError};
+use crate::metrics::{Metrics, ReasonLabels, RuleLabels, StepLabels, TierLabels};
 use crate::policy::{Policy, PolicyStore};
-use crate::route::{after_model, gpu_unavailable, AfterModel};
+use crate::route::{self, CpuSignals, GpuMemory, GpuSignals, Next, SignalsSnapshot, Stage};
 use crate::rules::{ModelView, RulesInput};
-use crate::signals::gpu::GpuProbe;
-use crate::tier::cpu::CpuTier;
+use crate::signals::cpu::{CpuSource, ProcStat};
+use crate::signals::gpu::{CudaDriver, GpuSource};
+use crate::signals::latency::LatencyTracker;
+use crate::signals::{Readings, SignalsHub};
+use crate::tier::breaker::CircuitState;
+use crate::tier::gpu::{Backend, GpuTier};
+use crate::tier::onnx::OnnxPool;
+use crate::tier::ModelVerdict;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -24,141 +35,393 @@ pub struct ClassifyRequest {
     pub tenant: Option<String>,
     /// Time budget for the decision; past it model tiers are abandoned and rules decide.
     pub deadline: Duration,
+    /// Add the complexity contributions, the signals snapshot and the routing reasons.
+    pub explain: bool,
+}
+
+/// Where live readings come from. Tests replace them with doubles (a GPU on a CPU-only machine).
+pub struct Sources {
+    pub cpu: Arc<dyn CpuSource>,
+    pub gpu: Arc<dyn GpuSource>,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources { cpu: Arc::new(ProcStat::default()), gpu: Arc::new(CudaDriver::default()) }
+    }
 }
 
 pub struct Gateway {
-    pub cpu: CpuTier,
+    pub cpu: OnnxPool,
+    pub cpu_latency: LatencyTracker,
+    pub gpu: Option<GpuTier>,
     pub policies: PolicyStore,
     pub metrics: Metrics,
-    pub gpu: GpuProbe,
-    gpu_unavailable: Option<String>,
+    pub signals: Arc<SignalsHub>,
+    tenants: Option<DefaultKeyedRateLimiter<String>>,
+    gpu_backend: GpuBackend,
 }
 
 impl Gateway {
-    /// Loads ONNX Runtime, the model and the policy, and probes for a GPU.
-    pub fn start(config: &Config) -> anyhow::Result<Gateway> {
+    /// Loads ONNX Runtime, the models and the policy, and starts the background samplers.
+    /// Call inside a tokio runtime (blocking work at start-up is fine there).
+    pub fn start(config: &Config, sources: Sources) -> anyhow::Result<Arc<Gateway>> {
         let policy = Policy::load_dir(&config.policies.dir)?;
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
-        let cpu = CpuTier::start(env, &config.model)?;
-        let gpu = crate::signals::gpu::probe();
-        let gpu_unavailable = gpu_unavailable(config.gpu.backend != GpuBackend::None, gpu.unavailable.as_deref());
-        tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?gpu_unavailable, "gateway ready");
-        Ok(Gateway { cpu, policies: PolicyStore::new(policy), metrics: Metrics::new(), gpu, gpu_unavailable })
+        let cpu = OnnxPool::start(env, &config.model, "tiergate-cpu")?;
+        let gpu = GpuTier::start(env, &config.gpu)?;
+        if config.gpu.backend == GpuBackend::Upstream && policy.prompt.is_none() {
+            anyhow::bail!("gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})", policy.dir.display());
+        }
+        let tenants = NonZeroU32::new(config.admission.tenant_rps).map(|rps| {
+            let burst = NonZeroU32::new(config.admission.tenant_burst).unwrap_or(rps);
+            RateLimiter::keyed(Quota::per_second(rps).allow_burst(burst))
+        });
+        let signals = SignalsHub::new(&config.signals);
+        signals.spawn_samplers(&config.signals, sources.cpu, Some(sources.gpu));
+        tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
+        let gateway = Arc::new(Gateway {
+            cpu,
+            cpu_latency: LatencyTracker::default(),
+            gpu,
+            policies: PolicyStore::new(policy),
+            metrics: Metrics::new(),
+            signals,
+            tenants,
+            gpu_backend: config.gpu.backend,
+        });
+        tokio::spawn(housekeeping(Arc::downgrade(&gateway), Duration::from_millis(config.signals.cpu_interval_ms.max(10))));
+        Ok(gateway)
     }
 
-    /// Decides one request. Never fails: the rules engine is the last stage.
-    pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Decision {
-        let started = Instant::now();
-        let deadline = started + req.deadline;
-        let policy = self.policies.snapshot();
-        let mut path = Vec::with_capacity(3);
-
-        let cpu_started = Instant::now();
-        let model = match self.cpu.classify(Arc::clone(&req.text), deadline).await {
-            Ok(v) => {
-                let mut step = Step::new(TierName::Cpu, "accepted", cpu_started.elapsed().as_micros() as u64);
-                step.confidence = Some(v.confidence);
-                step.risk_score = Some(v.risk_score);
-                step.ood_score = v.ood_score;
-                match after_model(&v, &policy.cascade) {
-                    AfterModel::Accept => {
-                        path.push(step);
-                        return self.finish(
-                            Decision {
-                                request_id,
-                                label: Label::from_risk_score(v.risk_score),
-                                risk_score: v.risk_score,
-                                confidence: Some(v.confidence),
-                                action: policy.actions.action_for(v.risk_score),
-                                tier: TierName::Cpu,
-                                rule: None,
-                                signals: None,
-                                path,
-                                policy_version: policy.version.clone(),
-                                model: self.cpu.info().name.clone(),
-                                latency_us: 0,
-                            },
-                            started,
-                        );
-                    }
-                    AfterModel::Fallback { outcome, reason } => {
-                        step.outcome = outcome;
-                        path.push(step.reason(reason));
-                        Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score })
-                    }
+    /// One consistent view of load for routing, as of `now`.
+    pub fn snapshot(&self, now: Instant) -> SignalsSnapshot {
+        let Readings { cpu_utilization, gpu_devices, gpu_stale } = self.signals.readings(now);
+        let memory = match &gpu_devices {
+            Err(reason) => GpuMemory::NotPresent(reason.clone()),
+            Ok(_) if gpu_stale => GpuMemory::Unknown,
+            Ok(d) if d.is_empty() => GpuMemory::NotPresent("no CUDA device".into()),
+            Ok(d) => GpuMemory::FreeMb(d.iter().map(|d| d.free_bytes >> 20).min().unwrap_or(0)),
+        };
+        let utilization = gpu_devices.as_ref().ok().and_then(|d| d.iter().filter_map(|d| d.utilization).reduce(f64::max));
+        let cpu = CpuSignals {
+            utilization: cpu_utilization,
+            queue_depth: self.cpu.queue_depth(),
+            in_flight: self.cpu.in_flight(),
+            p95_us: self.cpu_latency.p95_us(),
+        };
+        let gpu = match &self.gpu {
+            None => GpuSignals {
+                unavailable: Some(match &memory {
+                    GpuMemory::NotPresent(why) => format!("no gpu tier configured (gpu.backend = \"none\"); {why}"),
+                    _ => "no gpu tier configured (gpu.backend = \"none\")".into(),
+                }),
+                memory,
+                utilization,
+                in_flight: 0,
+                p95_us: None,
+                circuit: CircuitState::Closed,
+                kv_cache_headroom: None,
+                endpoints_available: None,
+            },
+            Some(g) => {
+                let (kv_cache_headroom, endpoints_available) = match g.backend() {
+                    Backend::Upstream(pool) => (pool.kv_cache_headroom(), Some(pool.available())),
+                    Backend::Onnx(_) => (None, None),
+                };
+                GpuSignals {
+                    unavailable: None,
+                    memory,
+                    utilization,
+                    in_flight: g.in_flight(),
+                    p95_us: g.latency.p95_us(),
+                    circuit: g.circuit(now),
+                    kv_cache_headroom,
+                    endpoints_available,
                 }
             }
-            Err(e) => {
-                path.push(
-                    Step::new(TierName::Cpu, e.outcome(), cpu_started.elapsed().as_micros() as u64)
-                        .reason(e.to_string()),
-                );
-                None
-            }
         };
+        SignalsSnapshot { cpu, gpu }
+    }
 
-        // The escalation stage. Until a gpu tier exists it is always skipped, with the reason.
-        if let Some(why) = &self.gpu_unavailable {
-            path.push(Step::new(TierName::Gpu, "skipped", 0).reason(format!("unavailable: {why}")));
+    /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
+    /// and `Shed` (both model tiers saturated under `when_saturated = "shed"`).
+    pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
+        let started = Instant::now();
+        let policy = self.policies.snapshot();
+        if let Some(limiter) = &self.tenants {
+            let key = req.tenant.clone().unwrap_or_default();
+            if let Err(not_until) = limiter.check_key(&key) {
+                self.metrics.rate_limited.inc();
+                let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+                return Err(ApiError::RateLimited { tenant: key, retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64 });
+            }
         }
+        let deadline = started + req.deadline;
+        let signal_counts = policy.rules.count_signals(&req.text);
+        let (stats, mut complexity) = self.rate(&policy, &req, &signal_counts);
+        let snapshot = self.snapshot(started);
+        let start = route::start(&complexity, &policy, &snapshot, req.deadline);
+        let mut run = Run { path: Vec::with_capacity(4), model: None, cpu_tried: false, gpu_tried: false };
+        let mut stage = start.stage;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            stage = match stage {
+                Stage::Shed => {
+                    self.metrics.shed.inc();
+                    return Err(ApiError::Shed { reason: start.reason.clone(), retry_after_s: policy.routing.retry_after_s });
+                }
+                Stage::Cpu => {
+                    run.cpu_tried = true;
+                    let t = Instant::now();
+                    let result = self.cpu.classify(Arc::clone(&req.text), deadline).await;
+                    let us = t.elapsed().as_micros() as u64;
+                    self.observe(TierName::Cpu, us, result.is_ok());
+                    match result {
+                        Ok(v) => {
+                            if let Some(ood) = v.ood_score {
+                                complexity = complexity.with_ood(&policy.complexity, ood);
+                            }
+                            let gpu = if run.gpu_tried {
+                                Err("already tried".to_string())
+                            } else {
+                                route::gpu_eligibility(&policy, &snapshot, remaining)
+                            };
+                            let next = route::after_cpu(&v, &complexity, &policy, &gpu);
+                            match run.model_step(TierName::Cpu, &v, us, next, &self.metrics) {
+                                None => return Ok(self.finish(run.decide(TierName::Cpu, &v, &policy), request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started)),
+                                Some(Stage::Rules) if !run.gpu_tried => {
+                                    run.skip_gpu(gpu.err());
+                                    Stage::Rules
+                                }
+                                Some(next) => next,
+                            }
+                        }
+                        Err(e) => run.tier_failed(TierName::Cpu, e, us, || route::gpu_eligibility(&policy, &snapshot, remaining), &self.metrics),
+                    }
+                }
+                Stage::Gpu => {
+                    run.gpu_tried = true;
+                    let gpu = self.gpu.as_ref().expect("routing picks the gpu tier only when it exists");
+                    let t = Instant::now();
+                    let result = gpu.classify(policy.prompt.as_ref(), Arc::clone(&req.text), deadline).await;
+                    let us = t.elapsed().as_micros() as u64;
+                    self.observe(TierName::Gpu, us, result.is_ok());
+                    match result {
+                        Ok(v) => {
+                            let next = route::after_gpu(&v, &policy);
+                            match run.model_step(TierName::Gpu, &v, us, next, &self.metrics) {
+                                None => return Ok(self.finish(run.decide(TierName::Gpu, &v, &policy), request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started)),
+                                Some(next) => next,
+                            }
+                        }
+                        Err(e) => run.tier_failed(TierName::Gpu, e, us, || route::cpu_eligibility(&policy, &snapshot, remaining), &self.metrics),
+                    }
+                }
+                Stage::Rules => {
+                    if run.path.is_empty() {
+                        // Neither model tier was tried: say why.
+                        run.path.push(Step::new(TierName::Cpu, "skipped", 0).reason(start.reason.clone()));
+                    }
+                    let mut d = self.rules(&policy, &req, run);
+                    d.signals = Some(signal_counts.into_iter().filter(|(_, n)| *n > 0).collect());
+                    return Ok(self.finish(d, request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started));
+                }
+            };
+        }
+    }
 
-        let rules_started = Instant::now();
+    /// Complexity of a request: cheap text statistics, tokens from the real tokenizer, signal
+    /// hits from the policy, and the number of request features.
+    fn rate(&self, policy: &Policy, req: &ClassifyRequest, signal_counts: &std::collections::BTreeMap<String, i64>) -> (TextStats, Complexity) {
+        let spec = &policy.complexity;
+        let mut stats = complexity::scan(&req.text);
+        stats.tokens = self.cpu.count_tokens(&req.text, spec.tokens_full);
+        stats.signal_hits = signal_counts.values().sum::<i64>().max(0) as usize;
+        stats.features = req.features.len();
+        let c = complexity::rate(&stats, spec);
+        (stats, c)
+    }
+
+    fn rules(&self, policy: &Policy, req: &ClassifyRequest, mut run: Run) -> Decision {
+        let t = Instant::now();
         let verdict = policy.rules.evaluate(&RulesInput {
             text: &req.text,
             features: &req.features,
             tenant: req.tenant.as_deref(),
-            model,
+            model: run.model,
         });
         for (rule, error) in &verdict.errors {
             self.metrics.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
-            tracing::debug!(%request_id, %rule, %error, "rule evaluation failed; counted as no match");
+            tracing::debug!(%rule, %error, "rule evaluation failed; counted as no match");
         }
-        let mut step = Step::new(
-            TierName::Rules,
-            if verdict.rule.is_some() { "matched" } else { "default" },
-            rules_started.elapsed().as_micros() as u64,
-        );
+        let us = t.elapsed().as_micros() as u64;
+        self.observe(TierName::Rules, us, true);
+        let mut step = Step::new(TierName::Rules, if verdict.rule.is_some() { "matched" } else { "default" }, us);
         step.risk_score = Some(verdict.risk_score);
         step.rule = verdict.rule.clone();
         if verdict.rule.is_none() {
             step.reason = Some("no rule matched; policy default applies".into());
         }
-        path.push(step);
-        self.finish(
-            Decision {
-                request_id,
-                label: Label::from_risk_score(verdict.risk_score),
-                risk_score: verdict.risk_score,
-                confidence: None,
-                action: verdict.action,
-                tier: TierName::Rules,
-                rule: verdict.rule,
-                signals: Some(verdict.signals),
-                path,
-                policy_version: policy.version.clone(),
-                model: self.cpu.info().name.clone(),
-                latency_us: 0,
-            },
-            started,
-        )
+        run.path.push(step);
+        Decision {
+            request_id: String::new(),
+            label: Label::from_risk_score(verdict.risk_score),
+            risk_score: verdict.risk_score,
+            confidence: None,
+            action: verdict.action,
+            tier: TierName::Rules,
+            rule: verdict.rule,
+            signals: None,
+            path: run.path,
+            policy_version: String::new(),
+            model: String::new(),
+            latency_us: 0,
+            explain: None,
+        }
     }
 
-    fn finish(&self, mut decision: Decision, started: Instant) -> Decision {
+    fn observe(&self, tier: TierName, us: u64, ok: bool) {
+        self.metrics.tier_latency.get_or_create(&TierLabels { tier: tier.as_str() }).observe(us as f64 / 1e6);
+        if ok {
+            match tier {
+                TierName::Cpu => self.cpu_latency.record(us),
+                // The gpu tier records its own latency (it knows what a successful call is).
+                TierName::Gpu | TierName::Rules => {}
+            }
+        }
+    }
+
+    fn finish(&self, mut d: Decision, request_id: String, policy: &Policy, explain: Option<Explain>, started: Instant) -> Decision {
         let elapsed = started.elapsed();
-        decision.latency_us = elapsed.as_micros() as u64;
+        d.request_id = request_id;
+        d.policy_version = policy.version.clone();
+        d.model = match (d.tier, self.gpu.as_ref().and_then(|g| g.model_info())) {
+            (TierName::Gpu, Some(info)) => info.name.clone(),
+            (TierName::Gpu, None) => d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into()),
+            _ => self.cpu.info().name.clone(),
+        };
+        d.explain = explain;
+        d.latency_us = elapsed.as_micros() as u64;
         let m = &self.metrics;
         m.decision_latency.observe(elapsed.as_secs_f64());
-        m.decisions
-            .get_or_create(&DecisionLabels { tier: decision.tier.as_str(), action: decision.action.as_str() })
-            .inc();
-        for step in &decision.path {
+        m.decisions.get_or_create(&crate::metrics::DecisionLabels { tier: d.tier.as_str(), action: d.action.as_str() }).inc();
+        for step in &d.path {
             m.steps.get_or_create(&StepLabels { tier: step.tier.as_str(), outcome: step.outcome }).inc();
         }
-        decision
+        d
     }
 
-    /// Why the gpu tier cannot serve, if it cannot.
-    pub fn gpu_unavailable(&self) -> Option<&str> {
-        self.gpu_unavailable.as_deref()
+    /// Why the gpu tier cannot serve at all, if it cannot (for `/readyz`).
+    pub fn gpu_backend(&self) -> GpuBackend {
+        self.gpu_backend
+    }
+}
+
+fn explain(req: &ClassifyRequest, stats: &TextStats, c: &Complexity, s: &SignalsSnapshot, start: &route::Start) -> Option<Explain> {
+    req.explain.then(|| Explain { complexity: c.clone(), stats: stats.clone(), signals: s.clone(), start: start.clone() })
+}
+
+/// The cascade's state for one request.
+struct Run {
+    path: Vec<Step>,
+    /// The last unsure model verdict, for the rules to see.
+    model: Option<ModelView>,
+    cpu_tried: bool,
+    gpu_tried: bool,
+}
+
+impl Run {
+    /// Records a model tier's step; `None` when its verdict stands, else the next stage.
+    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, next: Next, m: &Metrics) -> Option<Stage> {
+        let mut step = Step::new(tier, "accepted", us);
+        step.confidence = Some(v.confidence);
+        step.risk_score = Some(v.risk_score);
+        step.ood_score = v.ood_score;
+        step.endpoint = v.endpoint.clone();
+        let next = match next {
+            Next::Accept { note } => {
+                step.reason = note;
+                None
+            }
+            Next::Escalate { outcome, reason } => {
+                m.escalations.get_or_create(&ReasonLabels { reason: outcome }).inc();
+                step.outcome = outcome;
+                step.reason = Some(format!("{reason}; escalating to gpu"));
+                Some(Stage::Gpu)
+            }
+            Next::Rules { outcome, reason } => {
+                m.fallbacks.get_or_create(&ReasonLabels { reason: outcome }).inc();
+                step.outcome = outcome;
+                step.reason = Some(reason);
+                Some(Stage::Rules)
+            }
+        };
+        if next.is_some() {
+            self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
+        }
+        self.path.push(step);
+        next
+    }
+
+    /// A tier failed: the other model tier if it was not tried and is eligible, else rules.
+    fn tier_failed(&mut self, tier: TierName, e: TierError, us: u64, other: impl FnOnce() -> Result<(), String>, m: &Metrics) -> Stage {
+        m.fallbacks.get_or_create(&ReasonLabels { reason: e.outcome() }).inc();
+        self.path.push(Step::new(tier, e.outcome(), us).reason(e.to_string()));
+        let (other_tried, other_stage, other_name) = match tier {
+            TierName::Cpu => (self.gpu_tried, Stage::Gpu, TierName::Gpu),
+            _ => (self.cpu_tried, Stage::Cpu, TierName::Cpu),
+        };
+        if other_tried {
+            return Stage::Rules;
+        }
+        match other() {
+            Ok(()) => other_stage,
+            Err(why) => {
+                self.path.push(Step::new(other_name, "skipped", 0).reason(why));
+                Stage::Rules
+            }
+        }
+    }
+
+    fn skip_gpu(&mut self, why: Option<String>) {
+        if let Some(why) = why {
+            self.path.push(Step::new(TierName::Gpu, "skipped", 0).reason(format!("unavailable: {why}")));
+        }
+    }
+
+    fn decide(self, tier: TierName, v: &ModelVerdict, policy: &Policy) -> Decision {
+        Decision {
+            request_id: String::new(),
+            label: Label::from_risk_score(v.risk_score),
+            risk_score: v.risk_score,
+            confidence: Some(v.confidence),
+            action: policy.actions.action_for(v.risk_score),
+            tier,
+            rule: None,
+            signals: None,
+            path: self.path,
+            policy_version: String::new(),
+            model: String::new(),
+            latency_us: 0,
+            explain: None,
+        }
+    }
+}
+
+/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory.
+async fn housekeeping(gateway: std::sync::Weak<Gateway>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(g) = gateway.upgrade() else { return };
+        g.cpu_latency.refresh();
+        if let Some(gpu) = &g.gpu {
+            gpu.latency.refresh();
+        }
+        if let Some(t) = &g.tenants {
+            t.retain_recent();
+        }
     }
 }

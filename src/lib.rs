@@ -7,6 +7,7 @@
 //! and [`metrics`] on the side. [`error`] is the one place errors become HTTP responses.
 
 pub mod calibrate;
+pub mod complexity;
 pub mod config;
 pub mod decision;
 pub mod error;

@@ -9,6 +9,7 @@ use tiergate::calibrate::{confidences, ece, fit_temperature, reliability, Calibr
 use tiergate::config::Config;
 use tiergate::policy::Policy;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
+use tiergate::gateway::Sources;
 use tiergate::{App, Gateway};
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
@@ -60,6 +61,23 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// Decide one text without a server and explain the routing: complexity contributions, the
+    /// signals snapshot, and the reason for every tier choice. Prints the decision as JSON.
+    Explain {
+        /// The text to classify.
+        #[arg(long)]
+        text: String,
+        /// Request features as a JSON object, e.g. '{"amount": 12000}'.
+        #[arg(long)]
+        features: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, env = "TIERGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Policy directory, overriding `policies.dir`.
+        #[arg(long)]
+        policies: Option<PathBuf>,
+    },
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
     /// Exits 1 and lists every problem (file and rule) if the policy is invalid.
     CheckPolicy {
@@ -79,6 +97,7 @@ fn main() -> std::process::ExitCode {
             calibrate(&input, config, models, bins, write.as_deref())
         }
         Command::CheckPolicy { dir } => check_policy(&dir),
+        Command::Explain { text, features, tenant, config, policies } => explain(text, features, tenant, config, policies),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -115,9 +134,9 @@ fn serve(
     if let Some(m) = models {
         config.model.dir = m;
     }
-    let gateway = Gateway::start(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
+        let gateway = Gateway::start(&config, Sources::default())?;
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await
             .with_context(|| format!("binding {}", config.server.listen))?;
@@ -176,7 +195,7 @@ fn calibrate(
     let assets = ModelAssets::load(&config.model.dir)?;
     let current_t = assets.info.temperature;
     let mut classifier = assets
-        .classifier(env, SessionOptions { intra_threads: config.model.intra_threads, intra_op_spinning: false })?;
+        .classifier(env, SessionOptions::from(&config.model))?;
     let mut logits = Vec::with_capacity(examples.len());
     for chunk in examples.chunks(16) {
         let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();
@@ -212,6 +231,43 @@ fn calibrate(
         println!("\nwrote T = {fitted:.4} to {}", path.display());
     }
     Ok(())
+}
+
+fn explain(
+    text: String,
+    features: Option<String>,
+    tenant: Option<String>,
+    config: Option<PathBuf>,
+    policies: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut config = load_config(config)?;
+    if let Some(p) = policies {
+        config.policies.dir = p;
+    }
+    let features = match features {
+        None => serde_json::Map::new(),
+        Some(f) => match serde_json::from_str(&f).context("--features must be a JSON object")? {
+            serde_json::Value::Object(map) => map,
+            _ => anyhow::bail!("--features must be a JSON object"),
+        },
+    };
+    anyhow::ensure!(!text.trim().is_empty(), "--text must not be empty");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let gateway = Gateway::start(&config, Sources::default())?;
+        // Let the samplers take their first readings, as a running server would have them.
+        tokio::time::sleep(std::time::Duration::from_millis(2 * config.signals.cpu_interval_ms + 50)).await;
+        let request = tiergate::ClassifyRequest {
+            text: text.into(),
+            features,
+            tenant,
+            deadline: std::time::Duration::from_millis(config.server.default_deadline_ms),
+            explain: true,
+        };
+        let decision = gateway.classify(request, "explain".into()).await?;
+        println!("{}", serde_json::to_string_pretty(&decision)?);
+        Ok(())
+    })
 }
 
 fn check_policy(dir: &Path) -> anyhow::Result<()> {

@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -17,6 +18,21 @@ pub struct DecisionLabels {
 pub struct StepLabels {
     pub tier: &'static str,
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabels {
+    pub tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    pub device: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,8 +52,19 @@ pub struct Metrics {
     pub responses: Family<ResponseLabels, Counter>,
     pub rule_errors: Family<RuleLabels, Counter>,
     pub decision_latency: Histogram,
+    pub tier_latency: Family<TierLabels, Histogram>,
+    pub escalations: Family<ReasonLabels, Counter>,
+    pub fallbacks: Family<ReasonLabels, Counter>,
+    pub shed: Counter,
+    pub rate_limited: Counter,
     pub cpu_queue_depth: Gauge,
     pub cpu_in_flight: Gauge,
+    pub cpu_utilization: Gauge<f64, AtomicU64>,
+    pub gpu_in_flight: Gauge,
+    pub gpu_circuit_open: Gauge,
+    pub gpu_free_bytes: Family<DeviceLabels, Gauge>,
+    pub gpu_total_bytes: Family<DeviceLabels, Gauge>,
+    pub gpu_utilization: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -57,6 +84,17 @@ impl Metrics {
         let decision_latency = Histogram::new(exponential_buckets(50e-6, 2.0, 17));
         let cpu_queue_depth = Gauge::default();
         let cpu_in_flight = Gauge::default();
+        let tier_latency = Family::<TierLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(50e-6, 2.0, 17)));
+        let escalations = Family::<ReasonLabels, Counter>::default();
+        let fallbacks = Family::<ReasonLabels, Counter>::default();
+        let shed = Counter::default();
+        let rate_limited = Counter::default();
+        let cpu_utilization = Gauge::<f64, AtomicU64>::default();
+        let gpu_in_flight = Gauge::default();
+        let gpu_circuit_open = Gauge::default();
+        let gpu_free_bytes = Family::<DeviceLabels, Gauge>::default();
+        let gpu_total_bytes = Family::<DeviceLabels, Gauge>::default();
+        let gpu_utilization = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
         registry.register("decisions", "Decisions by deciding tier and action", decisions.clone());
         registry.register("stage_outcomes", "Cascade stages by tier and outcome", steps.clone());
         registry.register("http_responses", "HTTP responses by status", responses.clone());
@@ -64,7 +102,38 @@ impl Metrics {
         registry.register("decision_latency_seconds", "Time to decide, seconds", decision_latency.clone());
         registry.register("cpu_queue_depth", "Requests waiting for a cpu-tier worker", cpu_queue_depth.clone());
         registry.register("cpu_in_flight", "Requests a cpu-tier worker is running", cpu_in_flight.clone());
-        Metrics { registry, decisions, steps, responses, rule_errors, decision_latency, cpu_queue_depth, cpu_in_flight }
+        registry.register("tier_latency_seconds", "Time spent in each tier, seconds", tier_latency.clone());
+        registry.register("escalations", "cpu verdicts escalated to the gpu tier, by reason", escalations.clone());
+        registry.register("fallbacks", "Model tiers left for the next stage, by reason", fallbacks.clone());
+        registry.register("shed", "Requests refused with 503 because both model tiers were saturated", shed.clone());
+        registry.register("rate_limited", "Requests refused with 429 for a tenant over its rate", rate_limited.clone());
+        registry.register("cpu_utilization_ratio", "Machine CPU utilisation EWMA (0 to 1)", cpu_utilization.clone());
+        registry.register("gpu_in_flight", "Requests on the gpu tier", gpu_in_flight.clone());
+        registry.register("gpu_circuit_open", "1 while the gpu tier's circuit is open", gpu_circuit_open.clone());
+        registry.register("gpu_memory_free_bytes", "Free GPU memory per device", gpu_free_bytes.clone());
+        registry.register("gpu_memory_total_bytes", "Total GPU memory per device", gpu_total_bytes.clone());
+        registry.register("gpu_utilization_ratio", "GPU kernel-busy share per device (NVML, 0 to 1)", gpu_utilization.clone());
+        Metrics {
+            registry,
+            decisions,
+            steps,
+            responses,
+            rule_errors,
+            decision_latency,
+            tier_latency,
+            escalations,
+            fallbacks,
+            shed,
+            rate_limited,
+            cpu_queue_depth,
+            cpu_in_flight,
+            cpu_utilization,
+            gpu_in_flight,
+            gpu_circuit_open,
+            gpu_free_bytes,
+            gpu_total_bytes,
+            gpu_utilization,
+        }
     }
 
     /// OpenMetrics text.

@@ -108,7 +108,23 @@ pub fn classify_request(headers: &HeaderMap, body: &[u8], limits: &ServerConfig)
     if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
         return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
     }
-    Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline: deadline(headers, limits)? })
+    Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline: deadline(headers, limits)?, explain: false })
+}
+
+/// `explain=true|false|1|0` in the query string.
+pub fn explain_flag(query: Option<&str>) -> Result<bool, ApiError> {
+    let Some(query) = query else { return Ok(false) };
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key == "explain" {
+            return match value {
+                "true" | "1" | "" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(ApiError::invalid("explain", format!("`explain` must be true or false, got `{value}`"))),
+            };
+        }
+    }
+    Ok(false)
 }
 
 fn deadline(headers: &HeaderMap, limits: &ServerConfig) -> Result<Duration, ApiError> {

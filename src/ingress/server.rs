@@ -27,7 +27,7 @@ pub type Body = Full<Bytes>;
 
 /// What the request handlers share.
 pub struct App {
-    pub gateway: Gateway,
+    pub gateway: Arc<Gateway>,
     pub limits: ServerConfig,
 }
 
@@ -119,9 +119,10 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, A
     let (parts, body) = req.into_parts();
     extract::require_json(&parts.headers)?;
     let bytes = extract::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
-    let request = extract::classify_request(&parts.headers, &bytes, &app.limits)?;
+    let mut request = extract::classify_request(&parts.headers, &bytes, &app.limits)?;
+    request.explain = extract::explain_flag(parts.uri.query())?;
     let request_id = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-    let decision = app.gateway.classify(request, request_id).await;
+    let decision = app.gateway.classify(request, request_id).await?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 
@@ -129,6 +130,25 @@ fn readyz(app: &App) -> Response<Body> {
     let g = &app.gateway;
     let policy = g.policies.snapshot();
     let cpu_ready = g.cpu.workers_alive() > 0;
+    let now = tokio::time::Instant::now();
+    let snapshot = g.snapshot(now);
+    let readings = g.signals.readings(now);
+    let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
+        (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),
+        (Some(tier), _) => {
+            let mut v = json!({
+                "status": if tier.circuit(now) == crate::tier::breaker::CircuitState::Open { "circuit_open" } else { "ready" },
+                "backend": g.gpu_backend(),
+                "circuit": tier.circuit(now),
+                "in_flight": tier.in_flight(),
+            });
+            match tier.backend() {
+                crate::tier::gpu::Backend::Onnx(pool) => v["model"] = json!(pool.info()),
+                crate::tier::gpu::Backend::Upstream(pool) => v["endpoints"] = json!(pool.endpoints()),
+            }
+            v
+        }
+    };
     let body = json!({
         "status": if cpu_ready { "ready" } else { "not_ready" },
         "policy_version": policy.version,
@@ -139,20 +159,41 @@ fn readyz(app: &App) -> Response<Body> {
                 "workers": g.cpu.workers_alive(),
                 "queue_depth": g.cpu.queue_depth(),
             },
-            "gpu": match g.gpu_unavailable() {
-                Some(reason) => json!({"status": "unavailable", "reason": reason}),
-                None => json!({"status": "ready", "devices": g.gpu.devices}),
-            },
+            "gpu": gpu,
             "rules": {"status": "ready", "rules": policy.rules.rule_count()},
         },
+        "devices": match &readings.gpu_devices {
+            Ok(d) if readings.gpu_stale => json!({"status": "unknown", "reason": "no fresh GPU reading yet"}),
+            Ok(d) => json!({"status": "present", "gpus": d}),
+            Err(reason) => json!({"status": "absent", "reason": reason}),
+        },
+        "signals": snapshot,
     });
     json_response(if cpu_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
 }
 
 fn metrics(app: &App) -> Response<Body> {
     let g = &app.gateway;
-    g.metrics.cpu_queue_depth.set(g.cpu.queue_depth() as i64);
-    g.metrics.cpu_in_flight.set(g.cpu.in_flight() as i64);
+    let m = &g.metrics;
+    let now = tokio::time::Instant::now();
+    let s = g.snapshot(now);
+    m.cpu_queue_depth.set(s.cpu.queue_depth as i64);
+    m.cpu_in_flight.set(s.cpu.in_flight as i64);
+    if let Some(u) = s.cpu.utilization {
+        m.cpu_utilization.set(u);
+    }
+    m.gpu_in_flight.set(s.gpu.in_flight as i64);
+    m.gpu_circuit_open.set((s.gpu.circuit == crate::tier::breaker::CircuitState::Open) as i64);
+    if let Ok(devices) = g.signals.readings(now).gpu_devices {
+        for d in devices {
+            let device = crate::metrics::DeviceLabels { device: d.ordinal as u32 };
+            m.gpu_free_bytes.get_or_create(&device).set(d.free_bytes as i64);
+            m.gpu_total_bytes.get_or_create(&device).set(d.total_bytes as i64);
+            if let Some(u) = d.utilization {
+                m.gpu_utilization.get_or_create(&device).set(u);
+            }
+        }
+    }
     let mut response = Response::new(Full::new(Bytes::from(g.metrics.encode())));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

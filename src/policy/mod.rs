@@ -6,7 +6,9 @@
 //! regex and CEL rule and reports every problem at once, each with its file and rule.
 //! The version is a content hash, so the same files always give the same `policy_version`.
 
+use crate::complexity::ComplexitySpec;
 use crate::rules::RuleSet;
+use crate::tier::gpu::upstream::PromptSpec;
 use arc_swap::ArcSwap;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -56,15 +58,106 @@ impl ActionThresholds {
     }
 }
 
-/// `[cascade]`: when a model verdict stands and when the next stage takes over.
+/// `[cascade]`: when a model verdict stands, escalates, or hands over to rules.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cascade {
-    /// A model verdict with calibrated confidence below this goes to rules.
+    /// A cpu verdict with calibrated confidence below this escalates to the gpu tier when it
+    /// is eligible. Defaults to `accept_below` (no band where escalation is tried but the cpu
+    /// verdict would still stand).
+    #[serde(default)]
+    pub escalate_below: Option<f64>,
+    /// A final model verdict with calibrated confidence below this goes to rules.
     pub accept_below: f64,
-    /// A model verdict whose out-of-distribution score is above this goes to rules: the
-    /// input is unlike the model's training data, so its confidence means little.
+    /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its
+    /// confidence: it escalates to the gpu tier when eligible, else goes to rules.
     pub ood_above: f64,
+}
+
+impl Cascade {
+    pub fn escalate_below(&self) -> f64 {
+        self.escalate_below.unwrap_or(self.accept_below)
+    }
+}
+
+/// What to do when neither model tier can take a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenSaturated {
+    /// Rules decide (the decision records why).
+    Rules,
+    /// Answer 503 with `Retry-After`.
+    Shed,
+}
+
+/// How a signal that is unknown (never sampled, or older than its staleness limit) counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownSignal {
+    /// As if within limits (fail open).
+    Eligible,
+    /// As if over limits (fail closed).
+    Ineligible,
+}
+
+/// `[routing]`: which tier a request starts on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Routing {
+    /// Complexity above this starts on the gpu tier when it is eligible.
+    pub cpu_max_complexity: f64,
+    /// Escalation to the gpu tier needs at least this complexity (0: any request may escalate).
+    pub gpu_min_complexity: f64,
+    pub when_saturated: WhenSaturated,
+    /// `Retry-After` seconds when shedding.
+    pub retry_after_s: u64,
+    pub unknown_signals: UnknownSignal,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Routing {
+            cpu_max_complexity: 0.7,
+            gpu_min_complexity: 0.0,
+            when_saturated: WhenSaturated::Rules,
+            retry_after_s: 1,
+            unknown_signals: UnknownSignal::Eligible,
+        }
+    }
+}
+
+/// `[cpu]`: when the cpu tier is too loaded to take a request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuLimits {
+    /// Machine CPU utilisation (EWMA, [0, 1]) above which the cpu tier is not eligible.
+    pub max_utilization: f64,
+    /// Requests waiting for a cpu worker above which the cpu tier is not eligible.
+    pub max_queue_depth: usize,
+}
+
+impl Default for CpuLimits {
+    fn default() -> Self {
+        CpuLimits { max_utilization: 1.0, max_queue_depth: 128 }
+    }
+}
+
+/// `[gpu]`: when the gpu tier may take a request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuLimits {
+    /// Free GPU memory (MiB) below which the gpu tier is not eligible (in-process backend).
+    pub min_free_memory_mb: u64,
+    /// Requests in flight on the gpu tier at or above which it admits no more (routes down).
+    pub max_in_flight: usize,
+    /// KV-cache headroom ([0, 1], upstream servers exposing metrics) below which the gpu tier is not eligible.
+    pub min_kv_cache_headroom: f64,
+}
+
+impl Default for GpuLimits {
+    fn default() -> Self {
+        GpuLimits { min_free_memory_mb: 1024, max_in_flight: 16, min_kv_cache_headroom: 0.05 }
+    }
 }
 
 /// `[signals.NAME]`: a named text signal, the number of regex matches in the text.
@@ -105,6 +198,11 @@ struct PolicyFile {
     actions: Option<ActionThresholds>,
     cascade: Option<Cascade>,
     default: Option<DefaultVerdict>,
+    routing: Option<Routing>,
+    complexity: Option<ComplexitySpec>,
+    cpu: Option<CpuLimits>,
+    gpu: Option<GpuLimits>,
+    prompt: Option<PromptSpec>,
     #[serde(default)]
     signals: BTreeMap<String, SignalSpec>,
     #[serde(default)]
@@ -149,6 +247,12 @@ pub struct Policy {
     pub dir: PathBuf,
     pub actions: ActionThresholds,
     pub cascade: Cascade,
+    pub routing: Routing,
+    pub complexity: ComplexitySpec,
+    pub cpu: CpuLimits,
+    pub gpu: GpuLimits,
+    /// The prompt for an upstream gpu backend; required when one is configured.
+    pub prompt: Option<PromptSpec>,
     pub rules: RuleSet,
 }
 
@@ -223,6 +327,43 @@ impl Policy {
         if let Some((file, c)) = &cascade {
             check_unit(file, "cascade.accept_below", c.accept_below, &mut problems);
             check_unit(file, "cascade.ood_above", c.ood_above, &mut problems);
+            if let Some(e) = c.escalate_below {
+                check_unit(file, "cascade.escalate_below", e, &mut problems);
+                if c.accept_below > e {
+                    problems.push(PolicyProblem {
+                        file: file.clone(),
+                        item: Some("cascade".into()),
+                        message: format!("accept_below ({}) must not exceed escalate_below ({e})", c.accept_below),
+                    });
+                }
+            }
+        }
+        let routing = merged.routing.take();
+        if let Some((file, r)) = &routing {
+            check_unit(file, "routing.cpu_max_complexity", r.cpu_max_complexity, &mut problems);
+            check_unit(file, "routing.gpu_min_complexity", r.gpu_min_complexity, &mut problems);
+        }
+        let complexity = merged.complexity.take();
+        if let Some((file, c)) = &complexity {
+            problems.extend(c.problems().into_iter().map(|message| PolicyProblem {
+                file: file.clone(),
+                item: Some("complexity".into()),
+                message,
+            }));
+        }
+        let cpu = merged.cpu.take();
+        if let Some((file, c)) = &cpu {
+            check_unit(file, "cpu.max_utilization", c.max_utilization, &mut problems);
+        }
+        let gpu = merged.gpu.take();
+        if let Some((file, g)) = &gpu {
+            check_unit(file, "gpu.min_kv_cache_headroom", g.min_kv_cache_headroom, &mut problems);
+        }
+        let prompt = merged.prompt.take();
+        if let Some((file, p)) = &prompt {
+            if let Err(message) = p.validate() {
+                problems.push(PolicyProblem { file: file.clone(), item: Some("prompt".into()), message });
+            }
         }
         if let Some((file, d)) = &default {
             check_unit(file, "default.score", d.score, &mut problems);
@@ -230,9 +371,18 @@ impl Policy {
         let rules =
             RuleSet::compile(merged.signals, merged.rules, default.as_ref().map(|(_, d)| d.clone()), &mut problems);
         match (problems.is_empty(), actions, cascade, rules) {
-            (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => {
-                Ok(Policy { version, dir: dir.to_path_buf(), actions, cascade, rules })
-            }
+            (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => Ok(Policy {
+                version,
+                dir: dir.to_path_buf(),
+                actions,
+                cascade,
+                routing: routing.map(|(_, r)| r).unwrap_or_default(),
+                complexity: complexity.map(|(_, c)| c).unwrap_or_default(),
+                cpu: cpu.map(|(_, c)| c).unwrap_or_default(),
+                gpu: gpu.map(|(_, g)| g).unwrap_or_default(),
+                prompt: prompt.map(|(_, p)| p),
+                rules,
+            }),
             _ => Err(PolicyError(problems)),
         }
     }
@@ -258,6 +408,11 @@ struct Merged {
     actions: Option<(PathBuf, ActionThresholds)>,
     cascade: Option<(PathBuf, Cascade)>,
     default: Option<(PathBuf, DefaultVerdict)>,
+    routing: Option<(PathBuf, Routing)>,
+    complexity: Option<(PathBuf, ComplexitySpec)>,
+    cpu: Option<(PathBuf, CpuLimits)>,
+    gpu: Option<(PathBuf, GpuLimits)>,
+    prompt: Option<(PathBuf, PromptSpec)>,
     signals: Vec<(PathBuf, String, SignalSpec)>,
     rules: Vec<(PathBuf, RuleSpec)>,
 }
@@ -285,6 +440,11 @@ impl Merged {
         section(&mut self.actions, path, "actions", file.actions, problems);
         section(&mut self.cascade, path, "cascade", file.cascade, problems);
         section(&mut self.default, path, "default", file.default, problems);
+        section(&mut self.routing, path, "routing", file.routing, problems);
+        section(&mut self.complexity, path, "complexity", file.complexity, problems);
+        section(&mut self.cpu, path, "cpu", file.cpu, problems);
+        section(&mut self.gpu, path, "gpu", file.gpu, problems);
+        section(&mut self.prompt, path, "prompt", file.prompt, problems);
         for (name, spec) in file.signals {
             if let Some((first, _, _)) = self.signals.iter().find(|(_, n, _)| *n == name) {
                 problems.push(PolicyProblem {

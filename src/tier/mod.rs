@@ -1,9 +1,12 @@
-//! Model tiers. The cpu tier runs the INT8 classifier in-process ([`cpu::CpuTier`]) on a
-//! pool of blocking workers; [`model::Classifier`] is the model itself (tokenizer, ONNX
-//! Runtime session, calibration, out-of-distribution scorer), usable without the pool.
+//! Model tiers. The cpu tier runs the INT8 classifier in-process on a pool of blocking workers
+//! ([`onnx::OnnxPool`]); [`model::Classifier`] is the model itself (tokenizer, ONNX Runtime
+//! session, calibration, out-of-distribution scorer), usable without the pool. The gpu tier
+//! ([`gpu::GpuTier`]) wraps an in-process ONNX pool or a pool of upstream model servers with a
+//! timeout, an admission limit and a circuit breaker.
 
-pub mod cpu;
+pub mod breaker;
 pub mod gpu;
+pub mod onnx;
 pub mod model;
 
 /// A calibrated verdict from a model tier (cpu, or either gpu backend).

@@ -11,6 +11,7 @@
 //!   split's distance to them.
 
 use crate::calibrate::{softmax_t, CalibrationFile};
+pub use crate::config::Provider;
 use anyhow::{bail, Context as _};
 use ort::environment::Environment;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
@@ -83,11 +84,25 @@ pub struct ModelAssets {
     ood: OodScorer,
 }
 
-/// Session options for the cpu tier (from `[model]` in config).
+/// Session options (from `[model]` or `[gpu.onnx]` in config).
 #[derive(Debug, Clone, Copy)]
 pub struct SessionOptions {
     pub intra_threads: usize,
     pub intra_op_spinning: bool,
+    pub provider: Provider,
+    /// CUDA device ordinal (CUDA provider only).
+    pub device_id: i32,
+}
+
+impl From<&crate::config::ModelConfig> for SessionOptions {
+    fn from(c: &crate::config::ModelConfig) -> Self {
+        SessionOptions {
+            intra_threads: c.intra_threads,
+            intra_op_spinning: c.intra_op_spinning,
+            provider: c.provider,
+            device_id: c.device_id,
+        }
+    }
 }
 
 impl ModelAssets {
@@ -153,17 +168,42 @@ impl ModelAssets {
         })
     }
 
+    /// The tokenizer without truncation (for counting tokens).
+    pub fn tokenizer_for_counting(&self) -> Tokenizer {
+        let mut t = self.tokenizer.clone();
+        // Turning truncation off cannot fail.
+        let _ = t.with_truncation(None);
+        t
+    }
+
     /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`).
     pub fn classifier(&self, env: &Environment, options: SessionOptions) -> anyhow::Result<Classifier> {
         let configure = |e: ort::Error<SessionBuilder>| anyhow::anyhow!("configuring the ONNX Runtime session: {e}");
-        let session = Session::builder(env)
+        let builder = Session::builder(env)
             .map_err(|e| anyhow::anyhow!("creating an ONNX Runtime session: {e}"))?
             .with_optimization_level(GraphOptimizationLevel::Level3)
             .map_err(configure)?
             .with_intra_threads(options.intra_threads)
             .map_err(configure)?
             .with_intra_op_spinning(options.intra_op_spinning)
-            .map_err(configure)?
+            .map_err(configure)?;
+        let mut builder = match options.provider {
+            Provider::Cpu => builder,
+            // error_on_failure: a config that asks for CUDA must get CUDA, not a silent CPU fallback.
+            Provider::Cuda => builder
+                .with_execution_providers([ort::ep::CUDA::default()
+                    .with_device_id(options.device_id)
+                    .build()
+                    .error_on_failure()])
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "registering the CUDA execution provider: {e}. The loaded ONNX Runtime must be a CUDA build \
+                         (PyPI onnxruntime-gpu, its onnxruntime/capi/libonnxruntime.so.*; set ORT_DYLIB_PATH) with CUDA \
+                         and cuDNN libraries on the library path"
+                    )
+                })?,
+        };
+        let session = builder
             .commit_from_file(&self.info.onnx_path)
             .map_err(|e| anyhow::anyhow!("loading {} into ONNX Runtime: {e}", self.info.onnx_path.display()))?;
         Ok(Classifier { assets: self.clone(), session })
@@ -249,7 +289,7 @@ impl Classifier {
 }
 
 /// The longest prefix of `text` of at most `max_bytes` bytes that ends on a char boundary.
-fn prefix(text: &str, max_bytes: usize) -> &str {
+pub(crate) fn prefix(text: &str, max_bytes: usize) -> &str {
     if text.len() <= max_bytes {
         return text;
     }

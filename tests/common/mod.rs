@@ -2,6 +2,8 @@
 //! files) on an ephemeral port in its own runtime thread, and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod openai_stub;
+
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -10,6 +12,7 @@ use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tiergate::gateway::Sources;
 use tiergate::{App, Config, Gateway};
 
 pub fn repo() -> PathBuf {
@@ -28,18 +31,23 @@ pub fn config(policies: &Path) -> Config {
 /// Starts a server for `config` on a dedicated thread and runtime (so it outlives any one
 /// test's runtime) and returns its address.
 pub fn start(config: Config) -> SocketAddr {
-    let gateway = Gateway::start(&config).expect("gateway starts with the bundled model");
+    start_with(config, Sources::default()).0
+}
+
+/// Like [`start`], with the given signal sources; also returns the gateway.
+pub fn start_with(config: Config, sources: Sources) -> (SocketAddr, Arc<Gateway>) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
+            let gateway = Gateway::start(&config, sources).expect("gateway starts with the bundled model");
             let listener = tokio::net::TcpListener::bind(config.server.listen).await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
+            tx.send((listener.local_addr().unwrap(), Arc::clone(&gateway))).unwrap();
             let app = Arc::new(App { gateway, limits: config.server.clone() });
             tiergate::serve(listener, app, std::future::pending()).await.unwrap();
         });
     });
-    rx.recv().unwrap()
+    rx.recv().expect("server started")
 }
 
 /// The server with the bundled policies, shared by every test in a binary.

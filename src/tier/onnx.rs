@@ -1,5 +1,6 @@
-//! The cpu tier: a pool of blocking worker threads, each owning an ONNX Runtime session,
-//! fed by one bounded queue.
+//! A pool of blocking worker threads, each owning an ONNX Runtime session, fed by one bounded
+//! queue. The cpu tier is one (CPU execution provider); the gpu tier's `onnx` backend is another
+//! (CUDA execution provider, or CPU where there is no GPU).
 //!
 //! Model work never runs on the async runtime's threads (as in the TGI router): the request
 //! task enqueues a job with a oneshot reply channel and awaits it until its deadline. A full
@@ -25,8 +26,10 @@ struct Job {
     reply: oneshot::Sender<Result<ModelVerdict, TierError>>,
 }
 
-pub struct CpuTier {
+pub struct OnnxPool {
     tx: Sender<Job>,
+    /// The model's tokenizer without truncation, for counting tokens on the request path.
+    counter: tokenizers::Tokenizer,
     capacity: usize,
     in_flight: Arc<AtomicUsize>,
     workers_alive: Arc<AtomicUsize>,
@@ -42,12 +45,12 @@ impl Drop for AliveGuard {
     }
 }
 
-impl CpuTier {
-    /// Loads the model from `config.dir` and starts `config.sessions` workers.
-    pub fn start(env: &Environment, config: &ModelConfig) -> anyhow::Result<CpuTier> {
+impl OnnxPool {
+    /// Loads the model from `config.dir` and starts `config.sessions` workers named `{name}-{i}`.
+    pub fn start(env: &Environment, config: &ModelConfig, name: &str) -> anyhow::Result<OnnxPool> {
         let assets = ModelAssets::load(&config.dir)?;
         let options =
-            SessionOptions { intra_threads: config.intra_threads, intra_op_spinning: config.intra_op_spinning };
+            SessionOptions::from(config);
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let workers_alive = Arc::new(AtomicUsize::new(0));
@@ -58,18 +61,31 @@ impl CpuTier {
             let max_batch = config.max_batch;
             workers_alive.fetch_add(1, Ordering::Relaxed);
             let alive = AliveGuard(Arc::clone(&workers_alive));
-            std::thread::Builder::new().name(format!("tiergate-cpu-{i}")).spawn(move || {
+            std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 let _alive = alive;
                 worker(classifier, rx, max_batch, in_flight)
             })?;
         }
-        tracing::info!(model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
-            sessions = config.sessions, intra_threads = config.intra_threads, "cpu tier ready");
-        Ok(CpuTier { tx, capacity: config.queue_capacity, in_flight, workers_alive, info: assets.info })
+        tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
+            provider = ?config.provider, sessions = config.sessions, intra_threads = config.intra_threads, "onnx pool ready");
+        let counter = assets.tokenizer_for_counting();
+        Ok(OnnxPool { tx, counter, capacity: config.queue_capacity, in_flight, workers_alive, info: assets.info })
     }
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// Tokens in `text` (with `[CLS]`/`[SEP]`), counted up to about `cap`: only the first
+    /// `cap * 8` bytes are tokenised, so the cost is bounded whatever the text's length.
+    pub fn count_tokens(&self, text: &str, cap: usize) -> usize {
+        let head = super::model::prefix(text, cap.saturating_mul(8));
+        let n = self.counter.encode(head, true).map(|e| e.len()).unwrap_or(0);
+        if head.len() < text.len() {
+            n.max(cap)
+        } else {
+            n
+        }
     }
 
     /// Requests waiting for a worker.
@@ -97,7 +113,7 @@ impl CpuTier {
         let job = Job { text, enqueued, deadline: deadline.into_std(), reply };
         self.tx.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => TierError::Overloaded { capacity: self.capacity },
-            TrySendError::Disconnected(_) => TierError::Unavailable("cpu workers have stopped".into()),
+            TrySendError::Disconnected(_) => TierError::Unavailable("inference workers have stopped".into()),
         })?;
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => result,
@@ -108,7 +124,7 @@ impl CpuTier {
 }
 
 fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch: usize, in_flight: Arc<AtomicUsize>) {
-    // Ends when the last sender (the CpuTier) is dropped.
+    // Ends when the last sender (the OnnxPool) is dropped.
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while jobs.len() < max_batch {
@@ -151,7 +167,7 @@ fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, batch_size, "cpu tier inference failed");
+                tracing::error!(error = %e, batch_size, "inference failed");
                 for job in live {
                     let _ = job.reply.send(Err(TierError::Inference(e.to_string())));
                 }

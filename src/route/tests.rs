@@ -1,0 +1,219 @@
+//! Every branch of tier selection, with hand-built signals (no threads, no clocks).
+
+use super::*;
+use crate::complexity::Complexity;
+use crate::policy::Policy;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn policy(extra: &str) -> Policy {
+    let text = format!(
+        r#"
+        [actions]
+        review_at = 0.3
+        block_at = 0.8
+        [cascade]
+        escalate_below = 0.9
+        accept_below = 0.7
+        ood_above = 0.95
+        [default]
+        action = "allow"
+        score = 0.2
+        [cpu]
+        max_utilization = 0.9
+        max_queue_depth = 10
+        [gpu]
+        min_free_memory_mb = 2048
+        max_in_flight = 4
+        min_kv_cache_headroom = 0.1
+        {extra}
+        "#
+    );
+    Policy::from_sources(Path::new("p"), &[(PathBuf::from("p/routing.toml"), text)]).unwrap()
+}
+
+fn idle() -> SignalsSnapshot {
+    SignalsSnapshot {
+        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, p95_us: Some(5_000) },
+        gpu: GpuSignals {
+            unavailable: None,
+            memory: GpuMemory::FreeMb(40_000),
+            utilization: Some(0.1),
+            in_flight: 0,
+            p95_us: Some(50_000),
+            circuit: CircuitState::Closed,
+            kv_cache_headroom: None,
+            endpoints_available: None,
+        },
+    }
+}
+
+fn complexity(score: f64) -> Complexity {
+    Complexity { score, contributions: BTreeMap::from([("tokens", score)]) }
+}
+
+fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
+    ModelVerdict {
+        risk_score: confidence,
+        confidence,
+        ood_score: ood,
+        tokens: Some(10),
+        queue_us: 0,
+        infer_us: 0,
+        batch_size: 1,
+        endpoint: None,
+    }
+}
+
+const PLENTY: Duration = Duration::from_millis(200);
+
+#[test]
+fn simple_requests_start_on_cpu_complex_ones_on_gpu() {
+    let p = policy("");
+    let s = start(&complexity(0.3), &p, &idle(), PLENTY);
+    assert_eq!(s.stage, Stage::Cpu);
+    assert!(s.reason.contains("within cpu_max_complexity 0.7"), "{}", s.reason);
+    let s = start(&complexity(0.8), &p, &idle(), PLENTY);
+    assert_eq!(s.stage, Stage::Gpu);
+    assert!(s.reason.contains("above cpu_max_complexity 0.7"), "{}", s.reason);
+}
+
+#[test]
+fn complex_request_stays_on_cpu_when_gpu_is_ineligible() {
+    let p = policy("");
+    let mut sig = idle();
+    sig.gpu.memory = GpuMemory::FreeMb(1000);
+    let s = start(&complexity(0.8), &p, &sig, PLENTY);
+    assert_eq!(s.stage, Stage::Cpu);
+    assert!(s.reason.contains("gpu free memory 1000 MiB below min_free_memory_mb 2048"), "{}", s.reason);
+}
+
+#[test]
+fn saturated_cpu_sends_work_to_gpu() {
+    let p = policy("");
+    let mut sig = idle();
+    sig.cpu.utilization = Some(0.97);
+    let s = start(&complexity(0.1), &p, &sig, PLENTY);
+    assert_eq!(s.stage, Stage::Gpu);
+    assert!(s.reason.contains("cpu utilization 0.97 above max_utilization 0.9"), "{}", s.reason);
+    let mut sig = idle();
+    sig.cpu.queue_depth = 11;
+    assert_eq!(start(&complexity(0.1), &p, &sig, PLENTY).cpu, Err("cpu queue depth 11 above max_queue_depth 10".into()));
+}
+
+#[test]
+fn both_saturated_goes_to_rules_or_sheds_as_the_policy_says() {
+    let mut sig = idle();
+    sig.cpu.utilization = Some(0.99);
+    sig.gpu.in_flight = 4;
+    let s = start(&complexity(0.1), &policy(""), &sig, PLENTY);
+    assert_eq!(s.stage, Stage::Rules);
+    assert!(s.reason.contains("both model tiers saturated"), "{}", s.reason);
+    assert!(s.reason.contains("gpu admission: 4 in flight, max_in_flight 4"), "{}", s.reason);
+    let shed = policy("[routing]\nwhen_saturated = \"shed\"\n");
+    assert_eq!(start(&complexity(0.1), &shed, &sig, PLENTY).stage, Stage::Shed);
+}
+
+#[test]
+fn every_gpu_ineligibility_has_its_reason() {
+    let p = policy("");
+    let check = |f: &dyn Fn(&mut SignalsSnapshot), remaining: Duration, want: &str| {
+        let mut sig = idle();
+        f(&mut sig);
+        let got = gpu_eligibility(&p, &sig, remaining).unwrap_err();
+        assert!(got.contains(want), "want {want:?}, got {got:?}");
+    };
+    check(&|s| s.gpu.unavailable = Some("no gpu tier configured".into()), PLENTY, "no gpu tier configured");
+    check(&|s| s.gpu.circuit = CircuitState::Open, PLENTY, "gpu circuit open");
+    check(&|s| s.gpu.in_flight = 9, PLENTY, "gpu admission");
+    check(&|s| s.gpu.memory = GpuMemory::FreeMb(10), PLENTY, "below min_free_memory_mb");
+    check(&|s| s.gpu.kv_cache_headroom = Some(0.05), PLENTY, "KV-cache headroom 0.05");
+    check(&|s| s.gpu.endpoints_available = Some(0), PLENTY, "no healthy upstream endpoint");
+    check(&|_| {}, Duration::from_millis(20), "remaining deadline 20 ms does not cover gpu p95 50.0 ms");
+    // Half-open lets a probe through; no GPU on the machine (CPU provider) is not a memory problem.
+    let mut sig = idle();
+    sig.gpu.circuit = CircuitState::HalfOpen;
+    sig.gpu.memory = GpuMemory::NotPresent("no CUDA driver".into());
+    assert_eq!(gpu_eligibility(&p, &sig, PLENTY), Ok(()));
+}
+
+#[test]
+fn unknown_signals_count_as_the_policy_says() {
+    let mut sig = idle();
+    sig.cpu.utilization = None;
+    sig.gpu.memory = GpuMemory::Unknown;
+    let open = policy("");
+    assert_eq!(cpu_eligibility(&open, &sig, PLENTY), Ok(()));
+    assert_eq!(gpu_eligibility(&open, &sig, PLENTY), Ok(()));
+    let closed = policy("[routing]\nunknown_signals = \"ineligible\"\n");
+    assert!(cpu_eligibility(&closed, &sig, PLENTY).unwrap_err().contains("unknown"));
+    assert!(gpu_eligibility(&closed, &sig, PLENTY).unwrap_err().contains("unknown"));
+}
+
+#[test]
+fn cpu_deadline_is_compared_with_its_p95() {
+    let mut sig = idle();
+    sig.cpu.p95_us = Some(30_000);
+    let e = cpu_eligibility(&policy(""), &sig, Duration::from_millis(10)).unwrap_err();
+    assert_eq!(e, "remaining deadline 10 ms does not cover cpu p95 30.0 ms");
+}
+
+#[test]
+fn confident_cpu_verdict_is_accepted() {
+    let p = policy("");
+    assert_eq!(after_cpu(&verdict(0.95, Some(0.5)), &complexity(0.2), &p, &Ok(())), Next::Accept { note: None });
+}
+
+#[test]
+fn unsure_cpu_verdict_escalates_when_gpu_is_eligible() {
+    let p = policy("");
+    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &Ok(())) {
+        Next::Escalate { outcome, reason } => {
+            assert_eq!(outcome, "low_confidence");
+            assert_eq!(reason, "confidence 0.800 below escalate_below 0.9");
+        }
+        other => panic!("{other:?}"),
+    }
+    match after_cpu(&verdict(0.99, Some(0.97)), &complexity(0.2), &p, &Ok(())) {
+        Next::Escalate { outcome, .. } => assert_eq!(outcome, "out_of_distribution", "OOD beats confidence"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unsure_cpu_verdict_without_gpu_stands_or_goes_to_rules_by_accept_below() {
+    let p = policy("");
+    let no_gpu = Err("no gpu tier configured".to_string());
+    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
+        Next::Accept { note: Some(note) } => assert!(note.contains("not escalated: gpu ineligible"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    match after_cpu(&verdict(0.6, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
+        Next::Rules { outcome, reason } => {
+            assert_eq!(outcome, "low_confidence");
+            assert!(reason.starts_with("confidence 0.600 below accept_below 0.7"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match after_cpu(&verdict(0.99, Some(0.99)), &complexity(0.2), &p, &no_gpu) {
+        Next::Rules { outcome, .. } => assert_eq!(outcome, "out_of_distribution"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn escalation_needs_gpu_min_complexity() {
+    let p = policy("[routing]\ngpu_min_complexity = 0.4\n");
+    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &Ok(())) {
+        Next::Accept { note: Some(note) } => assert!(note.contains("below gpu_min_complexity 0.4"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.5), &p, &Ok(())), Next::Escalate { .. }));
+}
+
+#[test]
+fn gpu_verdict_below_accept_goes_to_rules() {
+    let p = policy("");
+    assert_eq!(after_gpu(&verdict(0.75, None), &p), Next::Accept { note: None });
+    assert!(matches!(after_gpu(&verdict(0.6, None), &p), Next::Rules { outcome: "low_confidence", .. }));
+}

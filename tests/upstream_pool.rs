@@ -1,0 +1,380 @@
+//! The gpu tier's upstream pool against stub OpenAI-compatible servers: verdicts, P2C load
+//! balancing, outlier ejection and re-admission, deadlines, availability and KV-cache headroom.
+//! Timing margins are generous (a loaded 2-core machine); assertions are on counts.
+
+mod common;
+
+use common::openai_stub::{self, Behaviour, Fail, StubHandle};
+use std::sync::Arc;
+use std::time::Duration;
+use tiergate::error::TierError;
+use tiergate::tier::gpu::upstream::{PromptSpec, UpstreamConfig, UpstreamPool};
+use tokio::time::Instant;
+
+fn config(stubs: &[&StubHandle]) -> UpstreamConfig {
+    UpstreamConfig {
+        endpoints: stubs.iter().map(|s| s.url()).collect(),
+        model: "stub-model".into(),
+        health_interval_ms: 50,
+        eject_ms: 300,
+        eject_after_failures: 3,
+        ewma_decay_ms: 1000,
+        ..Default::default()
+    }
+}
+
+fn prompt() -> PromptSpec {
+    PromptSpec {
+        system: "You screen messages for fraud. Answer JSON {\"label\": \"risk\"|\"ok\", \"confidence\": 0..1}.".into(),
+        user: "Message: {text}".into(),
+        max_tokens: 16,
+        risk_label: "risk".into(),
+        ok_label: "ok".into(),
+    }
+}
+
+fn deadline(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// Polls `condition` every 10 ms for up to `limit`; returns whether it became true.
+async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    condition()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_from_logprobs_and_from_confidence() {
+    let stub =
+        openai_stub::spawn(Behaviour::default().label("risk").confidence(Some(0.6)).logprob(Some(0.9f64.ln()))).await;
+    let pool = UpstreamPool::start(&config(&[&stub])).unwrap();
+
+    // Logprobs win over the stated confidence.
+    let v = pool.classify(&prompt(), "send me your PIN", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.9) && close(v.confidence, 0.9), "{v:?}");
+    assert_eq!(v.endpoint.as_deref(), Some(stub.url().as_str()));
+    assert_eq!((v.batch_size, v.queue_us, v.ood_score, v.tokens), (1, 0, None, Some(17)));
+    assert!(v.infer_us > 0);
+
+    // The request is an OpenAI chat completion with the text in the user message.
+    let req = stub.last_request().unwrap();
+    assert_eq!(req["model"], "stub-model");
+    assert_eq!(req["messages"][0]["role"], "system");
+    assert_eq!(req["messages"][1]["content"], "Message: send me your PIN");
+    assert_eq!((req["temperature"].as_f64(), req["logprobs"].as_bool()), (Some(0.0), Some(true)));
+    assert_eq!(req["max_tokens"], 16);
+
+    // An `ok` label: risk is the complement.
+    stub.set_answer("ok", Some(0.55));
+    stub.set_logprob(Some(0.8f64.ln()));
+    let v = pool.classify(&prompt(), "lunch at noon?", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.2) && close(v.confidence, 0.8), "{v:?}");
+
+    // Without logprobs (TGI, llama.cpp): the answer's confidence.
+    stub.set_logprob(None);
+    stub.set_answer("ok", Some(0.7));
+    let v = pool.classify(&prompt(), "lunch at noon?", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.3) && close(v.confidence, 0.7), "{v:?}");
+    stub.set_answer("risk", Some(0.35));
+    let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.35) && close(v.confidence, 0.65), "{v:?}");
+
+    // A fenced answer and a bare label word (with logprobs) are accepted.
+    stub.set_content(Some("```json\n{\"label\": \"RISK\", \"confidence\": 0.66}\n```"));
+    let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.66), "{v:?}");
+    stub.set_content(Some("ok"));
+    stub.set_answer("ok", None);
+    stub.set_logprob(Some(0.75f64.ln()));
+    let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 0.25), "{v:?}");
+    assert_eq!(pool.endpoints()[0].failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_answers_are_inference_errors() {
+    let stub = openai_stub::spawn(Behaviour::default()).await;
+    let mut cfg = config(&[&stub]);
+    cfg.eject_after_failures = 1000; // keep the endpoint in to see every error
+    let pool = UpstreamPool::start(&cfg).unwrap();
+
+    let cases: Vec<(Box<dyn Fn(&StubHandle)>, &str)> = vec![
+        (Box::new(|s| s.set_content(Some("I think this might be fraud"))), "neither JSON"),
+        (Box::new(|s| s.set_content(Some("{\"label\": \"fraud\", \"confidence\": 0.9}"))), "neither `risk` nor `ok`"),
+        (
+            Box::new(|s| {
+                s.set_content(None);
+                s.set_answer("risk", None);
+                s.set_logprob(None);
+            }),
+            "neither token logprobs",
+        ),
+        (Box::new(|s| s.set_answer("risk", Some(42.0))), "in [0, 1]"),
+        (Box::new(|s| s.set_content(Some(&"a".repeat(2 << 20)))), "over 1048576 bytes"),
+        (
+            Box::new(|s| {
+                s.set_content(None);
+                s.set_fail(Fail::InvalidJson)
+            }),
+            "not JSON",
+        ),
+        (Box::new(|s| s.set_fail(Fail::Status(500))), "500"),
+        (Box::new(|s| s.set_fail(Fail::Status(404))), "404"),
+    ];
+    for (i, (setup, needle)) in cases.iter().enumerate() {
+        setup(&stub);
+        match pool.classify(&prompt(), "x", deadline(5000)).await {
+            Err(TierError::Inference(message)) => assert!(message.contains(needle), "case {i}: {message}"),
+            other => panic!("case {i}: expected an Inference error containing `{needle}`, got {other:?}"),
+        }
+    }
+    let status = &pool.endpoints()[0];
+    assert_eq!((status.requests, status.failures, status.consecutive_failures), (8, 8, 8));
+    assert!(!status.ejected);
+    // One success resets the consecutive count.
+    stub.set_fail(Fail::None);
+    stub.set_answer("ok", Some(0.9));
+    pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert_eq!(pool.endpoints()[0].consecutive_failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2c_skews_traffic_to_fast_endpoints() {
+    let fast_a = openai_stub::spawn(Behaviour::default().latency_ms(5)).await;
+    let fast_b = openai_stub::spawn(Behaviour::default().latency_ms(5)).await;
+    let slow = openai_stub::spawn(Behaviour::default().latency_ms(100)).await;
+    let pool = UpstreamPool::start(&config(&[&fast_a, &slow, &fast_b])).unwrap();
+
+    // 5 workers × 30 sequential requests: some concurrency, so outstanding counts matter too.
+    let workers: Vec<_> = (0..5)
+        .map(|_| {
+            let pool = Arc::clone(&pool);
+            tokio::spawn(async move {
+                for _ in 0..30 {
+                    pool.classify(&prompt(), "x", deadline(10_000)).await.expect("every request succeeds");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let (a, b, s) = (fast_a.requests(), fast_b.requests(), slow.requests());
+    eprintln!("requests: fast {a}, {b}; slow {s}");
+    assert_eq!(a + b + s, 150);
+    assert!(s * 5 < 150, "slow endpoint got {s} of 150 requests (fast: {a}, {b})");
+    assert!(a > 20 && b > 20, "both fast endpoints share the load: {a}, {b}");
+    let status = pool.endpoints();
+    assert!(status[1].ewma_latency_ms > status[0].ewma_latency_ms, "{status:?}");
+    assert!(status.iter().all(|e| e.outstanding == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_endpoint_is_ejected_and_readmitted() {
+    let good = openai_stub::spawn(Behaviour::default().latency_ms(2)).await;
+    let flaky = openai_stub::spawn(Behaviour::default().latency_ms(2)).await;
+    // With two endpoints P2C always compares both, so the slower one gets traffic only once its
+    // idle estimate has decayed below the other's: a short decay keeps this test short.
+    let mut cfg = config(&[&good, &flaky]);
+    cfg.ewma_decay_ms = 200;
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    for _ in 0..20 {
+        pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    }
+
+    // The flaky one answers 500 (its /health still passes, as vLLM's does when the model breaks):
+    // after 3 failed requests it is ejected.
+    flaky.set_fail(Fail::Status(500));
+    let before = flaky.requests();
+    let mut errors = 0;
+    let give_up = deadline(10_000);
+    while Instant::now() < give_up {
+        if pool.classify(&prompt(), "x", deadline(5000)).await.is_err() {
+            errors += 1;
+        }
+        if pool.endpoints()[1].ejected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let status = &pool.endpoints()[1];
+    assert!(status.ejected, "not ejected after {errors} errors: {status:?}");
+    assert_eq!(errors, 3);
+    assert_eq!(flaky.requests() - before, 3);
+    assert_eq!(pool.available(), 1);
+
+    // While ejected (and now failing its health checks too, so it stays out), no traffic.
+    flaky.set_health(503);
+    let during = flaky.requests();
+    for _ in 0..40 {
+        pool.classify(&prompt(), "x", deadline(5000)).await.expect("the good endpoint answers");
+    }
+    assert_eq!(flaky.requests(), during, "an ejected endpoint got traffic");
+    assert!(eventually(Duration::from_secs(5), || !pool.endpoints()[1].healthy).await);
+
+    // It recovers: after eject_ms (300) a passing health check (every 50 ms) re-admits it.
+    flaky.set_fail(Fail::None);
+    flaky.set_health(200);
+    let recovered = Instant::now();
+    assert!(eventually(Duration::from_secs(10), || pool.available() == 2).await, "{:?}", pool.endpoints());
+    assert!(recovered.elapsed() < Duration::from_secs(10));
+    let status = &pool.endpoints()[1];
+    assert!(status.healthy && !status.ejected && status.consecutive_failures == 0, "{status:?}");
+
+    // And gets traffic again.
+    let readmitted = flaky.requests();
+    let mut served = 0;
+    let give_up = deadline(10_000);
+    while Instant::now() < give_up {
+        pool.classify(&prompt(), "x", deadline(5000)).await.expect("both endpoints answer");
+        served += 1;
+        if flaky.requests() > readmitted + 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(flaky.requests() > readmitted + 2, "re-admitted endpoint got no traffic in {served} requests");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_is_enforced() {
+    let stub = openai_stub::spawn(Behaviour::default().latency_ms(500)).await;
+    let pool = UpstreamPool::start(&config(&[&stub])).unwrap();
+    let start = Instant::now();
+    let err = pool.classify(&prompt(), "x", deadline(50)).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, TierError::DeadlineExceeded { waited_us } if waited_us >= 40_000), "{err:?}");
+    assert!(took < Duration::from_millis(400), "gave up after {took:?}");
+    assert_eq!(pool.endpoints()[0].outstanding, 0);
+    assert_eq!(pool.endpoints()[0].failures, 1);
+
+    // A server that never answers, and a deadline already past.
+    stub.set_fail(Fail::Hang);
+    let start = Instant::now();
+    let err = pool.classify(&prompt(), "x", deadline(100)).await.unwrap_err();
+    assert!(matches!(err, TierError::DeadlineExceeded { .. }), "{err:?}");
+    assert!(start.elapsed() < Duration::from_millis(1000));
+    let err = pool.classify(&prompt(), "x", Instant::now()).await.unwrap_err();
+    assert!(matches!(err, TierError::DeadlineExceeded { waited_us: 0 }), "{err:?}");
+    assert_eq!(stub.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_eligible_endpoint_is_unavailable() {
+    // One endpoint whose health fails, one that refuses connections.
+    let sick = openai_stub::spawn(Behaviour::default()).await;
+    sick.set_health(503);
+    let gone = openai_stub::spawn(Behaviour::default()).await;
+    gone.stop();
+    let pool = UpstreamPool::start(&config(&[&sick, &gone])).unwrap();
+    assert!(eventually(Duration::from_secs(5), || pool.available() == 0).await, "{:?}", pool.endpoints());
+    match pool.classify(&prompt(), "x", deadline(5000)).await {
+        Err(TierError::Unavailable(message)) => assert!(message.contains("no healthy upstream endpoint"), "{message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(sick.requests(), 0);
+    // Failed health checks count toward ejection too.
+    assert!(eventually(Duration::from_secs(5), || pool.endpoints().iter().all(|e| e.ejected)).await);
+    match pool.classify(&prompt(), "x", deadline(5000)).await {
+        Err(TierError::Unavailable(message)) => assert!(message.contains("(2 ejected)"), "{message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // The sick one recovers: its ejection is long over, so the next passing check re-admits it.
+    sick.set_health(200);
+    assert!(eventually(Duration::from_secs(5), || pool.available() == 1).await, "{:?}", pool.endpoints());
+    pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_failures() {
+    let gone = openai_stub::spawn(Behaviour::default()).await;
+    gone.stop();
+    let mut cfg = config(&[&gone]);
+    cfg.health_interval_ms = 60_000; // only the first check, which may not have run yet
+    cfg.eject_after_failures = 1000;
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    // Endpoints start healthy; whatever the first health check did, a request now fails fast.
+    let err = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap_err();
+    assert!(matches!(err, TierError::Unavailable(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_cache_headroom_from_metrics() {
+    let busy = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.8))).await;
+    busy.set_requests_waiting(4.0);
+    let mut cfg = config(&[&busy]);
+    cfg.metrics_path = Some("/metrics".into());
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    assert!(eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some()).await);
+    assert!((pool.kv_cache_headroom().unwrap() - 0.2).abs() < 1e-9, "{:?}", pool.kv_cache_headroom());
+    let status = &pool.endpoints()[0];
+    assert_eq!((status.kv_cache_usage, status.requests_waiting), (Some(0.8), Some(4.0)));
+
+    busy.set_kv_cache_usage(Some(0.3));
+    assert!(
+        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.7).abs() < 1e-9)).await
+    );
+
+    // Max over available endpoints; an unhealthy one does not count.
+    let idle = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.1))).await;
+    let mut cfg = config(&[&busy, &idle]);
+    cfg.metrics_path = Some("/metrics".into());
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.9).abs() < 1e-9)).await
+    );
+    idle.set_health(503);
+    assert!(
+        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.7).abs() < 1e-9)).await
+    );
+    // A server without the metric (404): no headroom.
+    busy.set_kv_cache_usage(None);
+    assert!(eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_none()).await);
+
+    // No metrics_path: never any headroom, never a scrape.
+    let plain = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.5))).await;
+    let pool = UpstreamPool::start(&config(&[&plain])).unwrap();
+    assert!(eventually(Duration::from_millis(300), || plain.health_checks() >= 2).await);
+    assert_eq!((pool.kv_cache_headroom(), plain.metrics_scrapes()), (None, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_stop_when_pool_is_dropped() {
+    let stub = openai_stub::spawn(Behaviour::default()).await;
+    let pool = UpstreamPool::start(&config(&[&stub])).unwrap();
+    assert!(eventually(Duration::from_secs(5), || stub.health_checks() >= 3).await);
+    drop(pool);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = stub.health_checks();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(stub.health_checks(), after, "health checks kept running after the pool was dropped");
+}
+
+#[test]
+fn config_is_validated() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _guard = rt.enter();
+    let mut cfg = UpstreamConfig { model: "m".into(), ..Default::default() };
+    assert!(UpstreamPool::start(&cfg).unwrap_err().to_string().contains("endpoints"));
+    cfg.endpoints = vec!["ftp://x".into()];
+    assert!(UpstreamPool::start(&cfg).is_err());
+    cfg.endpoints = vec!["http://127.0.0.1:9".into()];
+    cfg.eject_after_failures = 0;
+    assert!(UpstreamPool::start(&cfg).unwrap_err().to_string().contains("eject_after_failures"));
+    let parsed: UpstreamConfig = serde_json::from_str(r#"{"endpoints": ["http://a:1"], "model": "m"}"#).unwrap();
+    assert_eq!(
+        (parsed.health_path.as_str(), parsed.eject_after_failures, parsed.ewma_decay_ms),
+        ("/health", 3, 10_000)
+    );
+    assert!(serde_json::from_str::<UpstreamConfig>(r#"{"endpoint": []}"#).is_err());
+}

@@ -184,11 +184,11 @@ pub fn scan(text: &str) -> TextStats {
 
 fn script_of(c: char) -> usize {
     match c as u32 {
-        0x0000..=0x024F => 0,                                      // Latin
-        0x0370..=0x03FF => 1,                                      // Greek
-        0x0400..=0x052F => 2,                                      // Cyrillic
-        0x0600..=0x06FF | 0x0750..=0x077F => 3,                    // Arabic
-        0x3040..=0x30FF | 0x3400..=0x9FFF | 0xAC00..=0xD7AF => 4,  // Kana, CJK, Hangul
+        0x0000..=0x024F => 0,                                     // Latin
+        0x0370..=0x03FF => 1,                                     // Greek
+        0x0400..=0x052F => 2,                                     // Cyrillic
+        0x0600..=0x06FF | 0x0750..=0x077F => 3,                   // Arabic
+        0x3040..=0x30FF | 0x3400..=0x9FFF | 0xAC00..=0xD7AF => 4, // Kana, CJK, Hangul
         _ => 5,
     }
 }
@@ -227,7 +227,16 @@ mod tests {
     fn score_is_clamped_to_one() {
         let mut spec = ComplexitySpec::default();
         spec.weights = FEATURES.iter().map(|f| (f.to_string(), 1.0)).collect();
-        let stats = TextStats { tokens: 999, sentences: 99, links: 9, numbers: 99, non_ascii: 1.0, scripts: 4, signal_hits: 99, features: 99 };
+        let stats = TextStats {
+            tokens: 999,
+            sentences: 99,
+            links: 9,
+            numbers: 99,
+            non_ascii: 1.0,
+            scripts: 4,
+            signal_hits: 99,
+            features: 99,
+        };
         assert_eq!(rate(&stats, &spec).score, 1.0);
     }
 

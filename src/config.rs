@@ -222,13 +222,15 @@ impl Config {
             return Err(format!("`{name}` must be at least 1"));
         }
         if m.provider != Provider::Cpu {
-            return Err("`model.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)".into());
+            return Err(
+                "`model.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)".into()
+            );
         }
         if self.gpu.max_concurrency == 0 {
             return Err("`gpu.max_concurrency` must be at least 1".into());
         }
-        if self.gpu.backend == GpuBackend::Upstream && self.gpu.upstream.endpoints.is_empty() {
-            return Err("`gpu.upstream.endpoints` must list at least one server when `gpu.backend = \"upstream\"`".into());
+        if self.gpu.backend == GpuBackend::Upstream {
+            self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());

@@ -71,7 +71,10 @@ impl Gateway {
         let cpu = OnnxPool::start(env, &config.model, "tiergate-cpu")?;
         let gpu = GpuTier::start(env, &config.gpu)?;
         if config.gpu.backend == GpuBackend::Upstream && policy.prompt.is_none() {
-            anyhow::bail!("gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})", policy.dir.display());
+            anyhow::bail!(
+                "gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})",
+                policy.dir.display()
+            );
         }
         let tenants = NonZeroU32::new(config.admission.tenant_rps).map(|rps| {
             let burst = NonZeroU32::new(config.admission.tenant_burst).unwrap_or(rps);
@@ -90,7 +93,10 @@ impl Gateway {
             tenants,
             gpu_backend: config.gpu.backend,
         });
-        tokio::spawn(housekeeping(Arc::downgrade(&gateway), Duration::from_millis(config.signals.cpu_interval_ms.max(10))));
+        tokio::spawn(housekeeping(
+            Arc::downgrade(&gateway),
+            Duration::from_millis(config.signals.cpu_interval_ms.max(10)),
+        ));
         Ok(gateway)
     }
 
@@ -103,7 +109,8 @@ impl Gateway {
             Ok(d) if d.is_empty() => GpuMemory::NotPresent("no CUDA device".into()),
             Ok(d) => GpuMemory::FreeMb(d.iter().map(|d| d.free_bytes >> 20).min().unwrap_or(0)),
         };
-        let utilization = gpu_devices.as_ref().ok().and_then(|d| d.iter().filter_map(|d| d.utilization).reduce(f64::max));
+        let utilization =
+            gpu_devices.as_ref().ok().and_then(|d| d.iter().filter_map(|d| d.utilization).reduce(f64::max));
         let cpu = CpuSignals {
             utilization: cpu_utilization,
             queue_depth: self.cpu.queue_depth(),
@@ -153,8 +160,12 @@ impl Gateway {
             let key = req.tenant.clone().unwrap_or_default();
             if let Err(not_until) = limiter.check_key(&key) {
                 self.metrics.rate_limited.inc();
-                let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
-                return Err(ApiError::RateLimited { tenant: key, retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64 });
+                let wait =
+                    not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+                return Err(ApiError::RateLimited {
+                    tenant: key,
+                    retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+                });
             }
         }
         let deadline = started + req.deadline;
@@ -162,14 +173,18 @@ impl Gateway {
         let (stats, mut complexity) = self.rate(&policy, &req, &signal_counts);
         let snapshot = self.snapshot(started);
         let start = route::start(&complexity, &policy, &snapshot, req.deadline);
-        let mut run = Run { path: Vec::with_capacity(4), model: None, cpu_tried: false, gpu_tried: false };
+        let mut run =
+            Run { path: Vec::with_capacity(4), model: None, escalated: None, cpu_tried: false, gpu_tried: false };
         let mut stage = start.stage;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             stage = match stage {
                 Stage::Shed => {
                     self.metrics.shed.inc();
-                    return Err(ApiError::Shed { reason: start.reason.clone(), retry_after_s: policy.routing.retry_after_s });
+                    return Err(ApiError::Shed {
+                        reason: start.reason.clone(),
+                        retry_after_s: policy.routing.retry_after_s,
+                    });
                 }
                 Stage::Cpu => {
                     run.cpu_tried = true;
@@ -189,7 +204,15 @@ impl Gateway {
                             };
                             let next = route::after_cpu(&v, &complexity, &policy, &gpu);
                             match run.model_step(TierName::Cpu, &v, us, next, &self.metrics) {
-                                None => return Ok(self.finish(run.decide(TierName::Cpu, &v, &policy), request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started)),
+                                None => {
+                                    return Ok(self.finish(
+                                        run.decide(TierName::Cpu, &v, &policy),
+                                        request_id,
+                                        &policy,
+                                        explain(&req, &stats, &complexity, &snapshot, &start),
+                                        started,
+                                    ))
+                                }
                                 Some(Stage::Rules) if !run.gpu_tried => {
                                     run.skip_gpu(gpu.err());
                                     Stage::Rules
@@ -197,7 +220,13 @@ impl Gateway {
                                 Some(next) => next,
                             }
                         }
-                        Err(e) => run.tier_failed(TierName::Cpu, e, us, || route::gpu_eligibility(&policy, &snapshot, remaining), &self.metrics),
+                        Err(e) => run.tier_failed(
+                            TierName::Cpu,
+                            e,
+                            us,
+                            || route::gpu_eligibility(&policy, &snapshot, remaining),
+                            &self.metrics,
+                        ),
                     }
                 }
                 Stage::Gpu => {
@@ -211,11 +240,50 @@ impl Gateway {
                         Ok(v) => {
                             let next = route::after_gpu(&v, &policy);
                             match run.model_step(TierName::Gpu, &v, us, next, &self.metrics) {
-                                None => return Ok(self.finish(run.decide(TierName::Gpu, &v, &policy), request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started)),
+                                None => {
+                                    return Ok(self.finish(
+                                        run.decide(TierName::Gpu, &v, &policy),
+                                        request_id,
+                                        &policy,
+                                        explain(&req, &stats, &complexity, &snapshot, &start),
+                                        started,
+                                    ))
+                                }
                                 Some(next) => next,
                             }
                         }
-                        Err(e) => run.tier_failed(TierName::Gpu, e, us, || route::cpu_eligibility(&policy, &snapshot, remaining), &self.metrics),
+                        Err(e) => match run.escalated.take() {
+                            // An escalation failed: the cpu verdict stands if it would have stood
+                            // without a gpu tier, else rules decide.
+                            Some(v) => {
+                                run.failed(TierName::Gpu, &e, us, &self.metrics);
+                                let gpu = Err(format!("gpu tier {}", e.outcome()));
+                                match route::after_cpu(&v, &complexity, &policy, &gpu) {
+                                    Next::Accept { note } => {
+                                        let mut step = Step::new(TierName::Cpu, "accepted", 0);
+                                        step.confidence = Some(v.confidence);
+                                        step.risk_score = Some(v.risk_score);
+                                        step.reason = note;
+                                        run.path.push(step);
+                                        return Ok(self.finish(
+                                            run.decide(TierName::Cpu, &v, &policy),
+                                            request_id,
+                                            &policy,
+                                            explain(&req, &stats, &complexity, &snapshot, &start),
+                                            started,
+                                        ));
+                                    }
+                                    _ => Stage::Rules,
+                                }
+                            }
+                            None => run.tier_failed(
+                                TierName::Gpu,
+                                e,
+                                us,
+                                || route::cpu_eligibility(&policy, &snapshot, remaining),
+                                &self.metrics,
+                            ),
+                        },
                     }
                 }
                 Stage::Rules => {
@@ -225,7 +293,13 @@ impl Gateway {
                     }
                     let mut d = self.rules(&policy, &req, run);
                     d.signals = Some(signal_counts.into_iter().filter(|(_, n)| *n > 0).collect());
-                    return Ok(self.finish(d, request_id, &policy, explain(&req, &stats, &complexity, &snapshot, &start), started));
+                    return Ok(self.finish(
+                        d,
+                        request_id,
+                        &policy,
+                        explain(&req, &stats, &complexity, &snapshot, &start),
+                        started,
+                    ));
                 }
             };
         }
@@ -233,7 +307,12 @@ impl Gateway {
 
     /// Complexity of a request: cheap text statistics, tokens from the real tokenizer, signal
     /// hits from the policy, and the number of request features.
-    fn rate(&self, policy: &Policy, req: &ClassifyRequest, signal_counts: &std::collections::BTreeMap<String, i64>) -> (TextStats, Complexity) {
+    fn rate(
+        &self,
+        policy: &Policy,
+        req: &ClassifyRequest,
+        signal_counts: &std::collections::BTreeMap<String, i64>,
+    ) -> (TextStats, Complexity) {
         let spec = &policy.complexity;
         let mut stats = complexity::scan(&req.text);
         stats.tokens = self.cpu.count_tokens(&req.text, spec.tokens_full);
@@ -292,20 +371,31 @@ impl Gateway {
         }
     }
 
-    fn finish(&self, mut d: Decision, request_id: String, policy: &Policy, explain: Option<Explain>, started: Instant) -> Decision {
+    fn finish(
+        &self,
+        mut d: Decision,
+        request_id: String,
+        policy: &Policy,
+        explain: Option<Explain>,
+        started: Instant,
+    ) -> Decision {
         let elapsed = started.elapsed();
         d.request_id = request_id;
         d.policy_version = policy.version.clone();
         d.model = match (d.tier, self.gpu.as_ref().and_then(|g| g.model_info())) {
             (TierName::Gpu, Some(info)) => info.name.clone(),
-            (TierName::Gpu, None) => d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into()),
+            (TierName::Gpu, None) => {
+                d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into())
+            }
             _ => self.cpu.info().name.clone(),
         };
         d.explain = explain;
         d.latency_us = elapsed.as_micros() as u64;
         let m = &self.metrics;
         m.decision_latency.observe(elapsed.as_secs_f64());
-        m.decisions.get_or_create(&crate::metrics::DecisionLabels { tier: d.tier.as_str(), action: d.action.as_str() }).inc();
+        m.decisions
+            .get_or_create(&crate::metrics::DecisionLabels { tier: d.tier.as_str(), action: d.action.as_str() })
+            .inc();
         for step in &d.path {
             m.steps.get_or_create(&StepLabels { tier: step.tier.as_str(), outcome: step.outcome }).inc();
         }
@@ -318,8 +408,19 @@ impl Gateway {
     }
 }
 
-fn explain(req: &ClassifyRequest, stats: &TextStats, c: &Complexity, s: &SignalsSnapshot, start: &route::Start) -> Option<Explain> {
-    req.explain.then(|| Explain { complexity: c.clone(), stats: stats.clone(), signals: s.clone(), start: start.clone() })
+fn explain(
+    req: &ClassifyRequest,
+    stats: &TextStats,
+    c: &Complexity,
+    s: &SignalsSnapshot,
+    start: &route::Start,
+) -> Option<Explain> {
+    req.explain.then(|| Explain {
+        complexity: c.clone(),
+        stats: stats.clone(),
+        signals: s.clone(),
+        start: start.clone(),
+    })
 }
 
 /// The cascade's state for one request.
@@ -327,6 +428,8 @@ struct Run {
     path: Vec<Step>,
     /// The last unsure model verdict, for the rules to see.
     model: Option<ModelView>,
+    /// The cpu verdict an escalation to the gpu tier started from.
+    escalated: Option<ModelVerdict>,
     cpu_tried: bool,
     gpu_tried: bool,
 }
@@ -348,6 +451,7 @@ impl Run {
                 m.escalations.get_or_create(&ReasonLabels { reason: outcome }).inc();
                 step.outcome = outcome;
                 step.reason = Some(format!("{reason}; escalating to gpu"));
+                self.escalated = Some(v.clone());
                 Some(Stage::Gpu)
             }
             Next::Rules { outcome, reason } => {
@@ -364,10 +468,22 @@ impl Run {
         next
     }
 
-    /// A tier failed: the other model tier if it was not tried and is eligible, else rules.
-    fn tier_failed(&mut self, tier: TierName, e: TierError, us: u64, other: impl FnOnce() -> Result<(), String>, m: &Metrics) -> Stage {
+    /// Records a tier's failure.
+    fn failed(&mut self, tier: TierName, e: &TierError, us: u64, m: &Metrics) {
         m.fallbacks.get_or_create(&ReasonLabels { reason: e.outcome() }).inc();
         self.path.push(Step::new(tier, e.outcome(), us).reason(e.to_string()));
+    }
+
+    /// A tier failed: the other model tier if it was not tried and is eligible, else rules.
+    fn tier_failed(
+        &mut self,
+        tier: TierName,
+        e: TierError,
+        us: u64,
+        other: impl FnOnce() -> Result<(), String>,
+        m: &Metrics,
+    ) -> Stage {
+        self.failed(tier, &e, us, m);
         let (other_tried, other_stage, other_name) = match tier {
             TierName::Cpu => (self.gpu_tried, Stage::Gpu, TierName::Gpu),
             _ => (self.cpu_tried, Stage::Cpu, TierName::Cpu),

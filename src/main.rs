@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiergate::calibrate::{confidences, ece, fit_temperature, reliability, CalibrationFile};
 use tiergate::config::Config;
+use tiergate::gateway::Sources;
 use tiergate::policy::Policy;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::gateway::Sources;
 use tiergate::{App, Gateway};
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
@@ -97,7 +97,9 @@ fn main() -> std::process::ExitCode {
             calibrate(&input, config, models, bins, write.as_deref())
         }
         Command::CheckPolicy { dir } => check_policy(&dir),
-        Command::Explain { text, features, tenant, config, policies } => explain(text, features, tenant, config, policies),
+        Command::Explain { text, features, tenant, config, policies } => {
+            explain(text, features, tenant, config, policies)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -194,8 +196,7 @@ fn calibrate(
     let env = tiergate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
     let assets = ModelAssets::load(&config.model.dir)?;
     let current_t = assets.info.temperature;
-    let mut classifier = assets
-        .classifier(env, SessionOptions::from(&config.model))?;
+    let mut classifier = assets.classifier(env, SessionOptions::from(&config.model))?;
     let mut logits = Vec::with_capacity(examples.len());
     for chunk in examples.chunks(16) {
         let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();

@@ -84,7 +84,9 @@ impl Metrics {
         let decision_latency = Histogram::new(exponential_buckets(50e-6, 2.0, 17));
         let cpu_queue_depth = Gauge::default();
         let cpu_in_flight = Gauge::default();
-        let tier_latency = Family::<TierLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(50e-6, 2.0, 17)));
+        let tier_latency = Family::<TierLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(50e-6, 2.0, 17))
+        });
         let escalations = Family::<ReasonLabels, Counter>::default();
         let fallbacks = Family::<ReasonLabels, Counter>::default();
         let shed = Counter::default();
@@ -112,7 +114,11 @@ impl Metrics {
         registry.register("gpu_circuit_open", "1 while the gpu tier's circuit is open", gpu_circuit_open.clone());
         registry.register("gpu_memory_free_bytes", "Free GPU memory per device", gpu_free_bytes.clone());
         registry.register("gpu_memory_total_bytes", "Total GPU memory per device", gpu_total_bytes.clone());
-        registry.register("gpu_utilization_ratio", "GPU kernel-busy share per device (NVML, 0 to 1)", gpu_utilization.clone());
+        registry.register(
+            "gpu_utilization_ratio",
+            "GPU kernel-busy share per device (NVML, 0 to 1)",
+            gpu_utilization.clone(),
+        );
         Metrics {
             registry,
             decisions,

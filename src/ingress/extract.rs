@@ -108,7 +108,13 @@ pub fn classify_request(headers: &HeaderMap, body: &[u8], limits: &ServerConfig)
     if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
         return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
     }
-    Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline: deadline(headers, limits)?, explain: false })
+    Ok(ClassifyRequest {
+        text: Arc::from(text),
+        features,
+        tenant,
+        deadline: deadline(headers, limits)?,
+        explain: false,
+    })
 }
 
 /// `explain=true|false|1|0` in the query string.

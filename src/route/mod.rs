@@ -127,7 +127,10 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
         _ => {}
     }
     if let Some(h) = g.kv_cache_headroom.filter(|&h| h < limits.min_kv_cache_headroom) {
-        return Err(format!("upstream KV-cache headroom {h:.2} below min_kv_cache_headroom {}", limits.min_kv_cache_headroom));
+        return Err(format!(
+            "upstream KV-cache headroom {h:.2} below min_kv_cache_headroom {}",
+            limits.min_kv_cache_headroom
+        ));
     }
     if g.endpoints_available == Some(0) {
         return Err("no healthy upstream endpoint".into());
@@ -154,10 +157,13 @@ pub fn start(complexity: &Complexity, policy: &Policy, s: &SignalsSnapshot, rema
     let max = policy.routing.cpu_max_complexity;
     let complex = complexity.score > max;
     let (stage, reason) = match (&cpu, &gpu) {
-        (_, Ok(())) if complex => (Stage::Gpu, format!("complexity {:.2} above cpu_max_complexity {max}", complexity.score)),
-        (Ok(()), Err(why)) if complex => {
-            (Stage::Cpu, format!("complexity {:.2} above cpu_max_complexity {max}, but gpu ineligible: {why}", complexity.score))
+        (_, Ok(())) if complex => {
+            (Stage::Gpu, format!("complexity {:.2} above cpu_max_complexity {max}", complexity.score))
         }
+        (Ok(()), Err(why)) if complex => (
+            Stage::Cpu,
+            format!("complexity {:.2} above cpu_max_complexity {max}, but gpu ineligible: {why}", complexity.score),
+        ),
         (Ok(()), _) => (Stage::Cpu, format!("complexity {:.2} within cpu_max_complexity {max}", complexity.score)),
         (Err(why), Ok(())) => (Stage::Gpu, format!("cpu ineligible: {why}")),
         (Err(c), Err(g)) => {

@@ -98,7 +98,10 @@ fn saturated_cpu_sends_work_to_gpu() {
     assert!(s.reason.contains("cpu utilization 0.97 above max_utilization 0.9"), "{}", s.reason);
     let mut sig = idle();
     sig.cpu.queue_depth = 11;
-    assert_eq!(start(&complexity(0.1), &p, &sig, PLENTY).cpu, Err("cpu queue depth 11 above max_queue_depth 10".into()));
+    assert_eq!(
+        start(&complexity(0.1), &p, &sig, PLENTY).cpu,
+        Err("cpu queue depth 11 above max_queue_depth 10".into())
+    );
 }
 
 #[test]

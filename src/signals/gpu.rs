@@ -68,6 +68,7 @@ fn open() -> Result<DriverState, String> {
     let contexts = (0..count as usize)
         .map(|i| CudaContext::new(i).map_err(|e| format!("device {i}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let nvml = nvml_wrapper::Nvml::init().map_err(|e| tracing::info!(error = %e, "NVML unavailable; no GPU utilisation")).ok();
+    let nvml =
+        nvml_wrapper::Nvml::init().map_err(|e| tracing::info!(error = %e, "NVML unavailable; no GPU utilisation")).ok();
     Ok(DriverState { contexts, nvml })
 }

@@ -59,7 +59,10 @@ pub struct SignalsHub {
 
 impl SignalsHub {
     pub fn new(config: &SignalsConfig) -> Arc<SignalsHub> {
-        Arc::new(SignalsHub { raw: ArcSwap::from_pointee(Raw::default()), stale_after: Duration::from_millis(config.stale_after_ms) })
+        Arc::new(SignalsHub {
+            raw: ArcSwap::from_pointee(Raw::default()),
+            stale_after: Duration::from_millis(config.stale_after_ms),
+        })
     }
 
     /// Readings as of `now`: anything older than the staleness limit is unknown.
@@ -77,7 +80,12 @@ impl SignalsHub {
 
     /// Starts the background samplers; they stop when the hub is dropped. Needs a tokio runtime.
     /// `gpu` is `None` when no gpu tier is configured (nothing to sample).
-    pub fn spawn_samplers(self: &Arc<Self>, config: &SignalsConfig, cpu: Arc<dyn CpuSource>, gpu: Option<Arc<dyn GpuSource>>) {
+    pub fn spawn_samplers(
+        self: &Arc<Self>,
+        config: &SignalsConfig,
+        cpu: Arc<dyn CpuSource>,
+        gpu: Option<Arc<dyn GpuSource>>,
+    ) {
         let weak = Arc::downgrade(self);
         let (interval, tau) = (Duration::from_millis(config.cpu_interval_ms.max(1)), config.cpu_ewma_ms.max(1) as f64);
         tokio::spawn(sample_cpu(weak.clone(), cpu, interval, tau));

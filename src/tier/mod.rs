@@ -6,8 +6,8 @@
 
 pub mod breaker;
 pub mod gpu;
-pub mod onnx;
 pub mod model;
+pub mod onnx;
 
 /// A calibrated verdict from a model tier (cpu, or either gpu backend).
 #[derive(Debug, Clone, PartialEq)]

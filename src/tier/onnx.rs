@@ -49,8 +49,7 @@ impl OnnxPool {
     /// Loads the model from `config.dir` and starts `config.sessions` workers named `{name}-{i}`.
     pub fn start(env: &Environment, config: &ModelConfig, name: &str) -> anyhow::Result<OnnxPool> {
         let assets = ModelAssets::load(&config.dir)?;
-        let options =
-            SessionOptions::from(config);
+        let options = SessionOptions::from(config);
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let workers_alive = Arc::new(AtomicUsize::new(0));

@@ -111,3 +111,65 @@ pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     std::fs::write(dir.join("routing.toml"), routing).unwrap();
     dir
 }
+
+/// A CPU-load source the test controls.
+pub struct FakeCpu(pub std::sync::Mutex<f64>);
+
+impl tiergate::signals::cpu::CpuSource for FakeCpu {
+    fn sample(&self) -> Option<f64> {
+        Some(*self.0.lock().unwrap())
+    }
+}
+
+/// A GPU the test controls (a test double for a GPU on a CPU-only machine).
+pub struct FakeGpu(pub std::sync::Mutex<tiergate::signals::gpu::GpuSample>);
+
+impl FakeGpu {
+    /// One device with `free_mb` of 80 GiB free.
+    pub fn with_free_mb(free_mb: u64) -> FakeGpu {
+        FakeGpu(std::sync::Mutex::new(Ok(vec![device(free_mb)])))
+    }
+    pub fn set_free_mb(&self, free_mb: u64) {
+        *self.0.lock().unwrap() = Ok(vec![device(free_mb)]);
+    }
+}
+
+fn device(free_mb: u64) -> tiergate::signals::gpu::GpuDevice {
+    tiergate::signals::gpu::GpuDevice {
+        ordinal: 0,
+        free_bytes: free_mb << 20,
+        total_bytes: 80 << 30,
+        utilization: Some(0.3),
+    }
+}
+
+impl tiergate::signals::gpu::GpuSource for FakeGpu {
+    fn sample(&self) -> tiergate::signals::gpu::GpuSample {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A policy directory: the bundled rules plus `routing` as routing.toml.
+pub fn policy_dir(name: &str, routing: &str) -> PathBuf {
+    policies_with_routing(name, routing)
+}
+
+/// Test config with fast signal sampling.
+pub fn fast_config(policies: &Path) -> Config {
+    let mut c = config(policies);
+    c.signals.cpu_interval_ms = 20;
+    c.signals.cpu_ewma_ms = 40;
+    c.signals.gpu_interval_ms = 20;
+    c
+}
+
+/// Polls `cond` every 20 ms for up to 5 s.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..250 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

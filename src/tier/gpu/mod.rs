@@ -120,7 +120,10 @@ struct Slot<'a>(&'a AtomicUsize);
 
 impl<'a> Slot<'a> {
     fn take(counter: &'a AtomicUsize, max: usize) -> Option<Slot<'a>> {
-        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok().map(|_| Slot(counter))
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Slot(counter))
     }
 }
 

@@ -1,5 +1,6 @@
-//! Micro-benchmarks of the request path without the model: extraction/validation, rules
-//! (signals + CEL) on the bundled policy, temperature-scaled softmax, and the routing decision.
+//! Micro-benchmarks of the request path without the model: extraction/validation, complexity
+//! rating (text scan + token count with the real tokenizer), rules (signals + CEL) on the
+//! bundled policy, temperature-scaled softmax, and the routing decisions.
 //!
 //! Run: `cargo bench --bench request_path`
 
@@ -7,12 +8,15 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::HeaderMap;
 use std::hint::black_box;
 use std::path::Path;
+use std::time::Duration;
 use tiergate::calibrate::softmax_t;
+use tiergate::complexity::{rate, scan};
 use tiergate::config::ServerConfig;
 use tiergate::ingress::extract::classify_request;
 use tiergate::policy::Policy;
-use tiergate::route::after_model;
+use tiergate::route::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
 use tiergate::rules::{ModelView, RulesInput};
+use tiergate::tier::breaker::CircuitState;
 use tiergate::tier::ModelVerdict;
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
@@ -37,6 +41,39 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    let spec = &policy.complexity;
+    let assets =
+        tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
+    let tokenizer = assets.tokenizer_for_counting();
+    for (name, text) in [("complexity/rate_short", SHORT), ("complexity/rate_1k", long.as_str())] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                // What Gateway::rate does: scan, count tokens on a bounded prefix, add signals.
+                let mut stats = scan(black_box(text));
+                let head = &text[..text.len().min(spec.tokens_full * 8)];
+                stats.tokens = tokenizer.encode(head, true).map(|e| e.len()).unwrap_or(0);
+                stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
+                rate(&stats, spec)
+            })
+        });
+    }
+    let snapshot = SignalsSnapshot {
+        cpu: CpuSignals { utilization: Some(0.4), queue_depth: 2, in_flight: 1, p95_us: Some(6000) },
+        gpu: GpuSignals {
+            unavailable: None,
+            memory: GpuMemory::FreeMb(40_000),
+            utilization: Some(0.3),
+            in_flight: 1,
+            p95_us: Some(60_000),
+            circuit: CircuitState::Closed,
+            kv_cache_headroom: None,
+            endpoints_available: None,
+        },
+    };
+    let complexity = rate(&scan(SHORT), spec);
+    c.bench_function("route/start", |b| {
+        b.iter(|| start(black_box(&complexity), &policy, black_box(&snapshot), Duration::from_millis(200)))
+    });
     c.bench_function("calibrate/softmax_t", |b| b.iter(|| softmax_t(black_box(&[1.3, -2.1]), black_box(1.37))));
     let verdict = ModelVerdict {
         risk_score: 0.03,
@@ -48,7 +85,7 @@ fn bench(c: &mut Criterion) {
         batch_size: 1,
         endpoint: None,
     };
-    c.bench_function("route/after_model", |b| b.iter(|| after_model(black_box(&verdict), &policy.cascade)));
+    c.bench_function("route/after_cpu", |b| b.iter(|| after_cpu(black_box(&verdict), &complexity, &policy, &Ok(()))));
 }
 
 criterion_group!(benches, bench);

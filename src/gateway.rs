@@ -176,7 +176,7 @@ impl Gateway {
         let mut run =
             Run { path: Vec::with_capacity(4), model: None, escalated: None, cpu_tried: false, gpu_tried: false };
         let mut stage = start.stage;
-        loop {
+        let decision = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             stage = match stage {
                 Stage::Shed => {
@@ -192,41 +192,29 @@ impl Gateway {
                     let result = self.cpu.classify(Arc::clone(&req.text), deadline).await;
                     let us = t.elapsed().as_micros() as u64;
                     self.observe(TierName::Cpu, us, result.is_ok());
-                    match result {
-                        Ok(v) => {
-                            if let Some(ood) = v.ood_score {
-                                complexity = complexity.with_ood(&policy.complexity, ood);
-                            }
-                            let gpu = if run.gpu_tried {
-                                Err("already tried".to_string())
-                            } else {
-                                route::gpu_eligibility(&policy, &snapshot, remaining)
-                            };
-                            let next = route::after_cpu(&v, &complexity, &policy, &gpu);
-                            match run.model_step(TierName::Cpu, &v, us, next, &self.metrics) {
-                                None => {
-                                    return Ok(self.finish(
-                                        run.decide(TierName::Cpu, &v, &policy),
-                                        request_id,
-                                        &policy,
-                                        explain(&req, &stats, &complexity, &snapshot, &start),
-                                        started,
-                                    ))
-                                }
-                                Some(Stage::Rules) if !run.gpu_tried => {
-                                    run.skip_gpu(gpu.err());
-                                    Stage::Rules
-                                }
-                                Some(next) => next,
-                            }
+                    let v = match result {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let gpu = || route::gpu_eligibility(&policy, &snapshot, remaining);
+                            stage = run.tier_failed(TierName::Cpu, e, us, gpu, &self.metrics);
+                            continue;
                         }
-                        Err(e) => run.tier_failed(
-                            TierName::Cpu,
-                            e,
-                            us,
-                            || route::gpu_eligibility(&policy, &snapshot, remaining),
-                            &self.metrics,
-                        ),
+                    };
+                    if let Some(ood) = v.ood_score {
+                        complexity = complexity.with_ood(&policy.complexity, ood);
+                    }
+                    let gpu = match run.gpu_tried {
+                        true => Err("already tried".to_string()),
+                        false => route::gpu_eligibility(&policy, &snapshot, remaining),
+                    };
+                    let next = route::after_cpu(&v, &complexity, &policy, &gpu);
+                    match run.model_step(TierName::Cpu, &v, us, next, &self.metrics) {
+                        None => break run.decide(TierName::Cpu, &v, &policy),
+                        Some(Stage::Rules) if !run.gpu_tried => {
+                            run.skip_gpu(gpu.err());
+                            Stage::Rules
+                        }
+                        Some(next) => next,
                     }
                 }
                 Stage::Gpu => {
@@ -236,54 +224,34 @@ impl Gateway {
                     let result = gpu.classify(policy.prompt.as_ref(), Arc::clone(&req.text), deadline).await;
                     let us = t.elapsed().as_micros() as u64;
                     self.observe(TierName::Gpu, us, result.is_ok());
-                    match result {
-                        Ok(v) => {
-                            let next = route::after_gpu(&v, &policy);
-                            match run.model_step(TierName::Gpu, &v, us, next, &self.metrics) {
-                                None => {
-                                    return Ok(self.finish(
-                                        run.decide(TierName::Gpu, &v, &policy),
-                                        request_id,
-                                        &policy,
-                                        explain(&req, &stats, &complexity, &snapshot, &start),
-                                        started,
-                                    ))
-                                }
+                    match (result, run.escalated.take()) {
+                        (Ok(v), _) => {
+                            match run.model_step(TierName::Gpu, &v, us, route::after_gpu(&v, &policy), &self.metrics) {
+                                None => break run.decide(TierName::Gpu, &v, &policy),
                                 Some(next) => next,
                             }
                         }
-                        Err(e) => match run.escalated.take() {
-                            // An escalation failed: the cpu verdict stands if it would have stood
-                            // without a gpu tier, else rules decide.
-                            Some(v) => {
-                                run.failed(TierName::Gpu, &e, us, &self.metrics);
-                                let gpu = Err(format!("gpu tier {}", e.outcome()));
-                                match route::after_cpu(&v, &complexity, &policy, &gpu) {
-                                    Next::Accept { note } => {
-                                        let mut step = Step::new(TierName::Cpu, "accepted", 0);
-                                        step.confidence = Some(v.confidence);
-                                        step.risk_score = Some(v.risk_score);
-                                        step.reason = note;
-                                        run.path.push(step);
-                                        return Ok(self.finish(
-                                            run.decide(TierName::Cpu, &v, &policy),
-                                            request_id,
-                                            &policy,
-                                            explain(&req, &stats, &complexity, &snapshot, &start),
-                                            started,
-                                        ));
-                                    }
-                                    _ => Stage::Rules,
+                        // An escalation failed: the cpu verdict stands if it would have stood
+                        // without a gpu tier, else rules decide.
+                        (Err(e), Some(v)) => {
+                            run.failed(TierName::Gpu, &e, us, &self.metrics);
+                            let gpu = Err(format!("gpu tier {}", e.outcome()));
+                            match route::after_cpu(&v, &complexity, &policy, &gpu) {
+                                Next::Accept { note } => {
+                                    let mut step = Step::new(TierName::Cpu, "accepted", 0);
+                                    step.confidence = Some(v.confidence);
+                                    step.risk_score = Some(v.risk_score);
+                                    step.reason = note;
+                                    run.path.push(step);
+                                    break run.decide(TierName::Cpu, &v, &policy);
                                 }
+                                _ => Stage::Rules,
                             }
-                            None => run.tier_failed(
-                                TierName::Gpu,
-                                e,
-                                us,
-                                || route::cpu_eligibility(&policy, &snapshot, remaining),
-                                &self.metrics,
-                            ),
-                        },
+                        }
+                        (Err(e), None) => {
+                            let cpu = || route::cpu_eligibility(&policy, &snapshot, remaining);
+                            run.tier_failed(TierName::Gpu, e, us, cpu, &self.metrics)
+                        }
                     }
                 }
                 Stage::Rules => {
@@ -293,16 +261,12 @@ impl Gateway {
                     }
                     let mut d = self.rules(&policy, &req, run);
                     d.signals = Some(signal_counts.into_iter().filter(|(_, n)| *n > 0).collect());
-                    return Ok(self.finish(
-                        d,
-                        request_id,
-                        &policy,
-                        explain(&req, &stats, &complexity, &snapshot, &start),
-                        started,
-                    ));
+                    break d;
                 }
             };
-        }
+        };
+        let explain = req.explain.then(|| Explain { complexity, stats, signals: snapshot, start });
+        Ok(self.finish(decision, request_id, &policy, explain, started))
     }
 
     /// Complexity of a request: cheap text statistics, tokens from the real tokenizer, signal
@@ -406,21 +370,6 @@ impl Gateway {
     pub fn gpu_backend(&self) -> GpuBackend {
         self.gpu_backend
     }
-}
-
-fn explain(
-    req: &ClassifyRequest,
-    stats: &TextStats,
-    c: &Complexity,
-    s: &SignalsSnapshot,
-    start: &route::Start,
-) -> Option<Explain> {
-    req.explain.then(|| Explain {
-        complexity: c.clone(),
-        stats: stats.clone(),
-        signals: s.clone(),
-        start: start.clone(),
-    })
 }
 
 /// The cascade's state for one request.

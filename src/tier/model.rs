@@ -44,12 +44,14 @@ struct OodFile {
 
 /// Out-of-distribution score from the distance to the training data in embedding space:
 /// `d = 1 - max_c cos(e, c)` over k-means centroids `c` of the training embeddings, turned
-/// into the empirical CDF of `d` over the validation split. 0.5 is a typical in-domain input;
-/// 1.0 is farther than every validation input.
+/// into the empirical CDF of `d` over the validation split, interpolated linearly between its
+/// 101 quantiles (0 below the first, 1 above the last; as `ood.json` states). 0.5 is a typical
+/// in-domain input; 1.0 is farther than every validation input.
 #[derive(Debug, Clone)]
 pub struct OodScorer {
     dim: usize,
     centroids: Vec<f32>,
+    /// Ascending quantiles of `d` at probabilities `i / (len - 1)`.
     quantiles: Vec<f64>,
 }
 
@@ -61,9 +63,23 @@ impl OodScorer {
             .chunks_exact(self.dim)
             .map(|c| c.iter().zip(embedding).map(|(a, b)| a * b).sum::<f32>())
             .fold(f32::MIN, f32::max);
-        let distance = 1.0 - best as f64;
-        self.quantiles.partition_point(|&q| q <= distance) as f64 / self.quantiles.len() as f64
+        ecdf(&self.quantiles, 1.0 - best as f64)
     }
+}
+
+/// The empirical CDF at `x` from ascending quantiles at probabilities `i / (n - 1)`.
+fn ecdf(quantiles: &[f64], x: f64) -> f64 {
+    let n = quantiles.len();
+    let i = quantiles.partition_point(|&q| q <= x);
+    if i == 0 {
+        return 0.0;
+    }
+    if i == n || n == 1 {
+        return 1.0;
+    }
+    let (lo, hi) = (quantiles[i - 1], quantiles[i]);
+    let frac = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
+    ((i - 1) as f64 + frac) / (n - 1) as f64
 }
 
 /// Facts about the loaded model, for `/readyz`, logs and the model card check.
@@ -302,7 +318,17 @@ pub(crate) fn prefix(text: &str, max_bytes: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix;
+    use super::{ecdf, prefix};
+
+    #[test]
+    fn ecdf_interpolates_between_quantiles() {
+        let q = [0.0, 0.1, 0.2, 0.4, 1.0];
+        assert_eq!(ecdf(&q, -1.0), 0.0);
+        assert_eq!(ecdf(&q, 0.1), 0.25);
+        assert!((ecdf(&q, 0.3) - 0.625).abs() < 1e-12);
+        assert_eq!(ecdf(&q, 1.0), 1.0);
+        assert_eq!(ecdf(&q, 2.0), 1.0);
+    }
 
     #[test]
     fn prefix_respects_char_boundaries() {

@@ -1,0 +1,58 @@
+import math, os, random, sys, time
+import numpy as np, torch
+from transformers import AutoTokenizer
+sys.path.insert(0, os.path.dirname(__file__))
+from common import RiskClassifier, model_dir, read_jsonl
+
+data, ckpt = sys.argv[1], sys.argv[2]
+MAX_LEN = int(os.environ.get("MAX_LEN", 128)); EPOCHS = float(os.environ.get("EPOCHS", 2))
+BS = 16; LR = 5e-5; SEED = 1234
+torch.manual_seed(SEED); random.seed(SEED); np.random.seed(SEED)
+torch.set_num_threads(int(os.environ.get("THREADS", 2)))
+tok = AutoTokenizer.from_pretrained(model_dir())
+model = RiskClassifier(model_dir())
+rows = read_jsonl(os.path.join(data, "train_mix.jsonl"))
+enc = tok([r["text"] for r in rows], truncation=True, max_length=MAX_LEN)["input_ids"]
+labels = [r["label"] for r in rows]
+print("train examples", len(rows), "mean tokens", np.mean([len(x) for x in enc]), flush=True)
+
+def batches(epoch):
+    # length-bucketed shuffled batches (less padding -> faster on CPU)
+    rnd = random.Random(SEED + epoch)
+    idx = list(range(len(enc))); rnd.shuffle(idx)
+    chunks = [sorted(idx[i:i + BS * 50], key=lambda j: len(enc[j])) for i in range(0, len(idx), BS * 50)]
+    bl = [c[i:i + BS] for c in chunks for i in range(0, len(c), BS)]
+    rnd.shuffle(bl); return bl
+
+steps_per_epoch = math.ceil(len(enc) / BS); total = int(steps_per_epoch * EPOCHS)
+no_decay = ["bias", "LayerNorm.weight"]
+params = [{"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)], "weight_decay": 0.01},
+          {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0}]
+opt = torch.optim.AdamW(params, lr=LR)
+warm = int(0.06 * total)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / max(1, warm), max(0.0, (total - s) / max(1, total - warm))))
+lossf = torch.nn.CrossEntropyLoss()
+model.train(); step = 0; t0 = time.time(); run = 0.0; seen = 0
+ep = 0
+while step < total:
+    for b in batches(ep):
+        if step >= total: break
+        L = max(len(enc[j]) for j in b)
+        ids = torch.zeros((len(b), L), dtype=torch.long); m = torch.zeros_like(ids)
+        for i, j in enumerate(b):
+            ids[i, :len(enc[j])] = torch.tensor(enc[j]); m[i, :len(enc[j])] = 1
+        y = torch.tensor([labels[j] for j in b])
+        logits, _ = model(ids, m)
+        loss = lossf(logits, y)
+        opt.zero_grad(); loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); sched.step(); step += 1; seen += len(b)
+        run = 0.98 * run + 0.02 * loss.item() if step > 1 else loss.item()
+        if step % 50 == 0:
+            el = time.time() - t0
+            print(f"step {step}/{total} ep {ep} loss {run:.4f} {seen/el:.1f} seq/s elapsed {el:.0f}s", flush=True)
+    ep += 1
+model.eval()
+os.makedirs(ckpt, exist_ok=True)
+torch.save(model.state_dict(), os.path.join(ckpt, "model.pt"))
+print("done", time.time() - t0, flush=True)

@@ -37,21 +37,33 @@ fn bench(c: &mut Criterion) {
     for (name, text) in [("rules/evaluate_short", SHORT), ("rules/evaluate_1k", long.as_str())] {
         c.bench_function(name, |b| {
             b.iter(|| {
-                policy.rules.evaluate(black_box(&RulesInput { text, features: &features, tenant: Some("acme"), model }))
+                let signals = policy.rules.count_signals(black_box(text));
+                policy.rules.evaluate(&RulesInput {
+                    text,
+                    signals: &signals,
+                    features: &features,
+                    tenant: Some("acme"),
+                    model,
+                })
             })
         });
     }
     let spec = &policy.complexity;
     let assets =
         tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
-    let tokenizer = assets.tokenizer_for_counting();
-    for (name, text) in [("complexity/rate_short", SHORT), ("complexity/rate_1k", long.as_str())] {
+    let counter = assets.token_counter();
+    // 60 words, under tokens_full: the worst case, where the whole text is tokenised.
+    let worst = "please confirm the delivery address for order 4471 and the time slot ".repeat(5);
+    for (name, text) in [
+        ("complexity/rate_short", SHORT),
+        ("complexity/rate_60_words", worst.as_str()),
+        ("complexity/rate_1k", long.as_str()),
+    ] {
         c.bench_function(name, |b| {
             b.iter(|| {
-                // What Gateway::rate does: scan, count tokens on a bounded prefix, add signals.
+                // What Gateway::rate does: scan, count tokens (bounded), add signal hits.
                 let mut stats = scan(black_box(text));
-                let head = &text[..text.len().min(spec.tokens_full * 8)];
-                stats.tokens = tokenizer.encode(head, true).map(|e| e.len()).unwrap_or(0);
+                stats.tokens = counter.count(text, spec.tokens_full);
                 stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
                 rate(&stats, spec)
             })

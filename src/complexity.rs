@@ -17,7 +17,8 @@ pub struct ComplexitySpec {
     /// Weight per feature: `tokens`, `sentences`, `links`, `numbers`, `non_ascii`, `scripts`,
     /// `signals`, `features`, `ood`. A missing weight is 0.
     pub weights: BTreeMap<String, f64>,
-    /// Token count (from the cpu model's tokenizer) at which `tokens` reaches 1.
+    /// Token count (from the cpu model's tokenizer) at which `tokens` reaches 1. Also bounds the
+    /// cost of counting (see `OnnxPool::count_tokens`).
     pub tokens_full: usize,
     pub sentences_full: usize,
     pub links_full: usize,
@@ -47,7 +48,7 @@ impl Default for ComplexitySpec {
         ];
         ComplexitySpec {
             weights: weights.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-            tokens_full: 256,
+            tokens_full: 64,
             sentences_full: 12,
             links_full: 3,
             numbers_full: 8,
@@ -213,7 +214,7 @@ mod tests {
     #[test]
     fn contributions_sum_to_the_score_and_saturate() {
         let spec = ComplexitySpec::default();
-        let stats = TextStats { tokens: 512, sentences: 1, links: 0, features: 0, ..Default::default() };
+        let stats = TextStats { tokens: 128, sentences: 1, links: 0, features: 0, ..Default::default() };
         let c = rate(&stats, &spec);
         assert_eq!(c.contributions["tokens"], 0.3, "tokens saturate at tokens_full");
         assert!((c.score - c.contributions.values().sum::<f64>()).abs() < 1e-12);

@@ -81,7 +81,7 @@ impl Gateway {
             RateLimiter::keyed(Quota::per_second(rps).allow_burst(burst))
         });
         let signals = SignalsHub::new(&config.signals);
-        signals.spawn_samplers(&config.signals, sources.cpu, Some(sources.gpu));
+        signals.spawn_samplers(&config.signals, sources.cpu, sources.gpu);
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
@@ -259,9 +259,7 @@ impl Gateway {
                         // Neither model tier was tried: say why.
                         run.path.push(Step::new(TierName::Cpu, "skipped", 0).reason(start.reason.clone()));
                     }
-                    let mut d = self.rules(&policy, &req, run);
-                    d.signals = Some(signal_counts.into_iter().filter(|(_, n)| *n > 0).collect());
-                    break d;
+                    break self.rules(&policy, &req, &signal_counts, run);
                 }
             };
         };
@@ -286,10 +284,17 @@ impl Gateway {
         (stats, c)
     }
 
-    fn rules(&self, policy: &Policy, req: &ClassifyRequest, mut run: Run) -> Decision {
+    fn rules(
+        &self,
+        policy: &Policy,
+        req: &ClassifyRequest,
+        signals: &std::collections::BTreeMap<String, i64>,
+        mut run: Run,
+    ) -> Decision {
         let t = Instant::now();
         let verdict = policy.rules.evaluate(&RulesInput {
             text: &req.text,
+            signals,
             features: &req.features,
             tenant: req.tenant.as_deref(),
             model: run.model,
@@ -315,7 +320,7 @@ impl Gateway {
             action: verdict.action,
             tier: TierName::Rules,
             rule: verdict.rule,
-            signals: None,
+            signals: Some(verdict.signals),
             path: run.path,
             policy_version: String::new(),
             model: String::new(),
@@ -366,7 +371,7 @@ impl Gateway {
         d
     }
 
-    /// Why the gpu tier cannot serve at all, if it cannot (for `/readyz`).
+    /// The configured gpu backend (for `/readyz`).
     pub fn gpu_backend(&self) -> GpuBackend {
         self.gpu_backend
     }

@@ -58,6 +58,8 @@ pub struct ModelView {
 /// What the rules see of one request.
 pub struct RulesInput<'a> {
     pub text: &'a str,
+    /// Match counts of every signal over `text` ([`RuleSet::count_signals`], computed once per request).
+    pub signals: &'a BTreeMap<String, i64>,
     pub features: &'a serde_json::Map<String, serde_json::Value>,
     pub tenant: Option<&'a str>,
     pub model: Option<ModelView>,
@@ -170,7 +172,7 @@ impl RuleSet {
 
     /// Evaluates the rules in order; the first match decides, else the default applies.
     pub fn evaluate(&self, input: &RulesInput<'_>) -> RuleVerdict {
-        let counts = self.count_signals(input.text);
+        let counts = input.signals;
         let mut ctx = Context::with_env(Arc::clone(&self.env));
         let signal_map: HashMap<Key, Value> =
             counts.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
@@ -202,7 +204,7 @@ impl RuleSet {
                 Err(e) => errors.push((rule.name.clone(), e.to_string())),
             }
         }
-        let signals = counts.into_iter().filter(|(_, n)| *n > 0).collect();
+        let signals = counts.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
         match decided {
             Some(rule) => RuleVerdict {
                 rule: Some(rule.name.clone()),
@@ -269,7 +271,8 @@ mod tests {
 
     fn eval(p: &Policy, text: &str, features: serde_json::Value, model: Option<ModelView>) -> RuleVerdict {
         let features = features.as_object().cloned().unwrap_or_default();
-        p.rules.evaluate(&RulesInput { text, features: &features, tenant: Some("acme"), model })
+        let signals = p.rules.count_signals(text);
+        p.rules.evaluate(&RulesInput { text, signals: &signals, features: &features, tenant: Some("acme"), model })
     }
 
     const RULES: &str = r#"

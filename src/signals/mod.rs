@@ -46,7 +46,7 @@ struct Raw {
 pub struct Readings {
     /// EWMA of machine CPU utilisation, [0, 1]; `None` when unknown or stale.
     pub cpu_utilization: Option<f64>,
-    /// GPU devices; `Err(reason)` when there is no usable GPU; `Ok(None)`-like staleness is `gpu_stale`.
+    /// GPU devices, or `Err(reason)` when there is no usable GPU.
     pub gpu_devices: Result<Vec<GpuDevice>, String>,
     /// Whether the GPU reading is missing or stale (then `gpu_devices` is `Ok(vec![])`).
     pub gpu_stale: bool,
@@ -79,19 +79,12 @@ impl SignalsHub {
     }
 
     /// Starts the background samplers; they stop when the hub is dropped. Needs a tokio runtime.
-    /// `gpu` is `None` when no gpu tier is configured (nothing to sample).
-    pub fn spawn_samplers(
-        self: &Arc<Self>,
-        config: &SignalsConfig,
-        cpu: Arc<dyn CpuSource>,
-        gpu: Option<Arc<dyn GpuSource>>,
-    ) {
+    /// The GPU is sampled even without a gpu tier, so `/readyz` can say whether one is present.
+    pub fn spawn_samplers(self: &Arc<Self>, config: &SignalsConfig, cpu: Arc<dyn CpuSource>, gpu: Arc<dyn GpuSource>) {
         let weak = Arc::downgrade(self);
         let (interval, tau) = (Duration::from_millis(config.cpu_interval_ms.max(1)), config.cpu_ewma_ms.max(1) as f64);
         tokio::spawn(sample_cpu(weak.clone(), cpu, interval, tau));
-        if let Some(gpu) = gpu {
-            tokio::spawn(sample_gpu(weak, gpu, Duration::from_millis(config.gpu_interval_ms.max(1))));
-        }
+        tokio::spawn(sample_gpu(weak, gpu, Duration::from_millis(config.gpu_interval_ms.max(1))));
     }
 
     fn update(&self, f: impl Fn(&mut Raw)) {
@@ -162,7 +155,7 @@ mod tests {
         let hub = SignalsHub::new(&config);
         assert_eq!(hub.readings(Instant::now()).cpu_utilization, None);
         assert!(hub.readings(Instant::now()).gpu_stale);
-        hub.spawn_samplers(&config, Arc::new(Fixed(0.9)), Some(Arc::new(NoGpu)));
+        hub.spawn_samplers(&config, Arc::new(Fixed(0.9)), Arc::new(NoGpu));
         tokio::time::sleep(Duration::from_millis(200)).await;
         let r = hub.readings(Instant::now());
         assert!((r.cpu_utilization.unwrap() - 0.9).abs() < 1e-6);

@@ -184,12 +184,12 @@ impl ModelAssets {
         })
     }
 
-    /// The tokenizer without truncation (for counting tokens).
-    pub fn tokenizer_for_counting(&self) -> Tokenizer {
+    /// A token counter with this model's tokenizer (for the complexity rater).
+    pub fn token_counter(&self) -> TokenCounter {
         let mut t = self.tokenizer.clone();
         // Turning truncation off cannot fail.
         let _ = t.with_truncation(None);
-        t
+        TokenCounter(t)
     }
 
     /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`).
@@ -226,6 +226,30 @@ impl ModelAssets {
     }
 }
 
+/// Counts tokens with the model's own tokenizer, at a bounded cost.
+#[derive(Clone)]
+pub struct TokenCounter(Tokenizer);
+
+impl TokenCounter {
+    /// Tokens in `text` (with `[CLS]`/`[SEP]`), exact below `cap`; `cap` means "`cap` or more".
+    ///
+    /// The cost is bounded whatever the text's length (the complexity rater calls this on the
+    /// request path): every whitespace-separated word is at least one WordPiece token, so a text
+    /// of `cap` words is at `cap` without tokenising; otherwise only its first `cap * 8` bytes are.
+    pub fn count(&self, text: &str, cap: usize) -> usize {
+        if text.split_whitespace().take(cap).count() >= cap {
+            return cap;
+        }
+        let head = prefix(text, cap.saturating_mul(8));
+        let n = self.0.encode_fast(head, true).map(|e| e.len()).unwrap_or(0);
+        if head.len() < text.len() {
+            n.max(cap)
+        } else {
+            n.min(cap)
+        }
+    }
+}
+
 /// The model, ready to run on the calling thread (blocking).
 pub struct Classifier {
     assets: ModelAssets,
@@ -258,7 +282,7 @@ impl Classifier {
         let max_bytes = self.assets.info.max_seq_len * 16;
         let encodings = texts
             .iter()
-            .map(|t| self.assets.tokenizer.encode(prefix(t, max_bytes), true))
+            .map(|t| self.assets.tokenizer.encode_fast(prefix(t, max_bytes), true))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
         let batch = encodings.len();

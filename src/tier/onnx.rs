@@ -8,7 +8,7 @@
 //! of queueing. A worker takes every job already waiting, up to `max_batch`, into one
 //! inference call; it never holds a job back to wait for more.
 
-use super::model::{ModelAssets, ModelInfo, SessionOptions};
+use super::model::{ModelAssets, ModelInfo, SessionOptions, TokenCounter};
 use super::ModelVerdict;
 use crate::config::ModelConfig;
 use crate::error::TierError;
@@ -28,8 +28,8 @@ struct Job {
 
 pub struct OnnxPool {
     tx: Sender<Job>,
-    /// The model's tokenizer without truncation, for counting tokens on the request path.
-    counter: tokenizers::Tokenizer,
+    /// For counting tokens on the request path.
+    counter: TokenCounter,
     capacity: usize,
     in_flight: Arc<AtomicUsize>,
     workers_alive: Arc<AtomicUsize>,
@@ -67,7 +67,7 @@ impl OnnxPool {
         }
         tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
             provider = ?config.provider, sessions = config.sessions, intra_threads = config.intra_threads, "onnx pool ready");
-        let counter = assets.tokenizer_for_counting();
+        let counter = assets.token_counter();
         Ok(OnnxPool { tx, counter, capacity: config.queue_capacity, in_flight, workers_alive, info: assets.info })
     }
 
@@ -75,16 +75,9 @@ impl OnnxPool {
         &self.info
     }
 
-    /// Tokens in `text` (with `[CLS]`/`[SEP]`), counted up to about `cap`: only the first
-    /// `cap * 8` bytes are tokenised, so the cost is bounded whatever the text's length.
+    /// Counts tokens with the model's tokenizer (see [`TokenCounter::count`]).
     pub fn count_tokens(&self, text: &str, cap: usize) -> usize {
-        let head = super::model::prefix(text, cap.saturating_mul(8));
-        let n = self.counter.encode(head, true).map(|e| e.len()).unwrap_or(0);
-        if head.len() < text.len() {
-            n.max(cap)
-        } else {
-            n
-        }
+        self.counter.count(text, cap)
     }
 
     /// Requests waiting for a worker.

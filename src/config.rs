@@ -54,7 +54,7 @@ pub struct ServerConfig {
     pub default_deadline_ms: u64,
     /// Largest deadline a request may ask for, ms.
     pub max_deadline_ms: u64,
-    /// Hard limit on a whole request, body read included (504 above). Protects against slow clients.
+    /// Hard limit on a whole request, body read included (408 above). Protects against slow clients.
     pub request_timeout_ms: u64,
     /// Time allowed to read request headers, ms.
     pub header_read_timeout_ms: u64,

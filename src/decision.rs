@@ -116,7 +116,8 @@ pub struct Decision {
 /// What `?explain=true` adds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Explain {
-    /// The complexity score and each feature's contribution (with `ood` once the cpu tier ran).
+    /// The final complexity score and each feature's contribution (with `ood` once the cpu tier
+    /// ran; `start.complexity` is the score the starting tier was chosen by).
     pub complexity: crate::complexity::Complexity,
     /// The raw counts behind it.
     pub stats: crate::complexity::TextStats,

@@ -43,8 +43,9 @@ pub enum ApiError {
     /// 503: the service is not ready (model not loaded).
     #[error("not ready: {0}")]
     NotReady(String),
-    /// 504: the whole request ran past `server.request_timeout_ms` (e.g. a slow-body client).
-    #[error("request did not complete within {timeout_ms} ms")]
+    /// 408: the whole request ran past `server.request_timeout_ms` (in practice a client that
+    /// sends its body too slowly or not at all: deciding is bounded by the far shorter deadline).
+    #[error("request did not complete within {timeout_ms} ms; was the body sent in full?")]
     Timeout { timeout_ms: u64 },
     /// 500: a bug; logged with the request id.
     #[error("internal error: {0}")]
@@ -66,7 +67,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Shed { .. } | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -84,7 +85,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Shed { .. } => "overloaded",
             ApiError::NotReady(_) => "not_ready",
-            ApiError::Timeout { .. } => "timeout",
+            ApiError::Timeout { .. } => "request_timeout",
             ApiError::Internal(_) => "internal",
         }
     }

@@ -301,7 +301,7 @@ impl Gateway {
         });
         for (rule, error) in &verdict.errors {
             self.metrics.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
-            tracing::debug!(%rule, %error, "rule evaluation failed; counted as no match");
+            tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
         }
         let us = t.elapsed().as_micros() as u64;
         self.observe(TierName::Rules, us, true);

@@ -55,8 +55,8 @@ enum Command {
         #[arg(long)]
         models: Option<PathBuf>,
         /// Equal-width confidence bins for ECE.
-        #[arg(long, default_value_t = 15)]
-        bins: usize,
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        bins: u16,
         /// Write the fitted temperature to this calibration file (e.g. models/calibration.json).
         #[arg(long)]
         write: Option<PathBuf>,
@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Serve { config, listen, policies, models } => serve(config, listen, policies, models),
         Command::Calibrate { input, config, models, bins, write } => {
-            calibrate(&input, config, models, bins, write.as_deref())
+            calibrate(&input, config, models, bins as usize, write.as_deref())
         }
         Command::CheckPolicy { dir } => check_policy(&dir),
         Command::Explain { text, features, tenant, config, policies } => {
@@ -116,7 +116,13 @@ fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
         None if Path::new(DEFAULT_CONFIG).is_file() => {
             Config::load(Path::new(DEFAULT_CONFIG)).map_err(anyhow::Error::msg)
         }
-        None => Ok(Config::default()),
+        None => {
+            tracing::warn!(
+                "no {DEFAULT_CONFIG} in the current directory and no --config: using built-in defaults, \
+                 with models/ and policies/ relative to the current directory"
+            );
+            Ok(Config::default())
+        }
     }
 }
 
@@ -219,6 +225,18 @@ fn calibrate(
         println!("  [{:.3},{:.3}) {:>6} {:>10.4} {:>9.4}", b.lower, b.upper, b.count, b.mean_confidence, b.accuracy);
     }
     if let Some(path) = write {
+        let positives = labels.iter().filter(|&&l| l == 1).count();
+        anyhow::ensure!(
+            positives > 0 && positives < labels.len(),
+            "not writing {}: the input has only one label; temperature scaling needs both",
+            path.display()
+        );
+        anyhow::ensure!(
+            (0.02..50.0).contains(&fitted),
+            "not writing {}: the fitted temperature {fitted:.3} is at the edge of the search range, \
+             a sign of too little or degenerate data",
+            path.display()
+        );
         let mut extra = serde_json::Map::new();
         extra.insert("fitted_on".into(), input.display().to_string().into());
         extra.insert("n".into(), examples.len().into());

@@ -108,3 +108,31 @@ async fn bad_requests_do_not_disturb_the_server() {
     let r = classify(addr, serde_json::json!({"text": "still here?"})).await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn a_body_that_never_arrives_in_full_is_408_not_a_hang() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = config(&repo().join("policies"));
+    c.server.request_timeout_ms = 300;
+    let addr = start(c);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Declares 20 bytes, sends 12, then waits.
+    let head = "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{\"text\":\"hi\"";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            response.extend_from_slice(&buf[..n]);
+            if n == 0 || response.windows(4).any(|w| w == b"\r\n\r\n") && response.ends_with(b"}") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server answered: {}", String::from_utf8_lossy(&response));
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+}

@@ -73,7 +73,7 @@ async fn low_confidence_verdicts_go_to_rules_which_name_the_rule() {
     // A policy that trusts no model verdict below 0.9999 makes every verdict "unsure".
     let dir = policies_with_routing(
         "strict",
-        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 0.99999\nood_above = 1.0\n[default]\naction = \"allow\"\nscore = 0.2\n",
+        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 0.99999\nood_above = 1.0\n[default]\naction = \"review\"\nscore = 0.4\n",
     );
     let addr = start(config(&dir));
     let r = classify(
@@ -97,12 +97,13 @@ async fn low_confidence_verdicts_go_to_rules_which_name_the_rule() {
     assert_eq!(d["action"], "block");
     assert!(d["signals"]["credential_request"].as_i64().unwrap() >= 1, "{d}");
 
-    // No rule matches: the policy default decides, and says so.
+    // No rule matches: the policy default decides (fail closed: review), and says so.
     let d = classify(addr, json!({"text": "Lunch at noon tomorrow? I booked the usual place."})).await.json();
     assert_eq!(d["tier"], "rules");
     assert!(d.get("rule").is_none(), "{d}");
     assert_eq!(d["path"].as_array().unwrap().last().unwrap()["outcome"], "default");
-    assert_eq!(d["action"], "allow");
+    assert_eq!(d["action"], "review");
+    assert_eq!(d["label"], "ok");
 
     // Features reach the rules.
     let d = classify(

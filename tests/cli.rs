@@ -80,6 +80,24 @@ fn calibrate_fits_a_temperature_that_lowers_nll() {
 }
 
 #[test]
+fn calibrate_refuses_to_write_a_temperature_from_one_label() {
+    let dir = std::env::temp_dir().join(format!("tiergate-cal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("one_label.jsonl");
+    std::fs::write(&input, "{\"text\": \"win a prize now\", \"label\": 1}\n{\"text\": \"free money\", \"label\": 1}\n")
+        .unwrap();
+    let out_file = dir.join("calibration.json");
+    let out = tiergate().arg("calibrate").arg("--input").arg(&input).arg("--write").arg(&out_file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only one label"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out_file.exists(), "nothing written");
+}
+
+#[test]
 fn help_describes_every_command() {
     let out = tiergate().arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

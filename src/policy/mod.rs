@@ -306,10 +306,12 @@ impl Policy {
         let actions = merged.actions.take();
         let cascade = merged.cascade.take();
         let default = merged.default.take();
+        // After a file failed to parse, its sections are missing for that reason alone.
+        let parse_failed = !problems.is_empty();
         for (what, missing) in
             [("[actions]", actions.is_none()), ("[cascade]", cascade.is_none()), ("[default]", default.is_none())]
         {
-            if missing {
+            if missing && !parse_failed {
                 problems.push(PolicyProblem { file: whole(), item: None, message: format!("no file defines {what}") });
             }
         }

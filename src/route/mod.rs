@@ -70,9 +70,24 @@ pub enum Stage {
 pub struct Start {
     pub stage: Stage,
     pub reason: String,
+    /// The complexity this choice used (before the cpu tier's OOD score was known).
+    pub complexity: f64,
     /// `Err(reason)` when the cpu tier may not take the request.
+    #[serde(serialize_with = "eligibility")]
     pub cpu: Result<(), String>,
+    #[serde(serialize_with = "eligibility")]
     pub gpu: Result<(), String>,
+}
+
+/// `{"eligible": true}` or `{"eligible": false, "reason": ...}`.
+fn eligibility<S: serde::Serializer>(e: &Result<(), String>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(None)?;
+    m.serialize_entry("eligible", &e.is_ok())?;
+    if let Err(reason) = e {
+        m.serialize_entry("reason", reason)?;
+    }
+    m.end()
 }
 
 /// What to do with a model verdict.
@@ -174,7 +189,7 @@ pub fn start(complexity: &Complexity, policy: &Policy, s: &SignalsSnapshot, rema
             (stage, format!("both model tiers saturated: cpu: {c}; gpu: {g}"))
         }
     };
-    Start { stage, reason, cpu, gpu }
+    Start { stage, reason, complexity: complexity.score, cpu, gpu }
 }
 
 /// After the cpu tier answered: accept, escalate to the gpu tier, or hand over to rules.

@@ -114,6 +114,11 @@ impl RuleSet {
             }
             compiled_signals.push(Signal { name, patterns });
         }
+        let signal_names: Vec<String> = compiled_signals.iter().map(|s| s.name.clone()).collect();
+        let zeros: BTreeMap<String, i64> = signal_names.iter().map(|n| (n.clone(), 0)).collect();
+        let no_features = serde_json::Map::new();
+        let dry_input = RulesInput { text: "", signals: &zeros, features: &no_features, tenant: None, model: None };
+        let dry_run = context(&env, &dry_input);
         let mut compiled_rules: Vec<Rule> = Vec::new();
         for (file, spec) in rules {
             let item = Some(format!("rule `{}`", spec.name));
@@ -142,6 +147,7 @@ impl RuleSet {
                     continue;
                 }
             };
+            let rule_problems = problems.len();
             let references = program.references();
             for var in references.variables() {
                 if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "model") {
@@ -151,6 +157,32 @@ impl RuleSet {
                         message: format!("unknown variable `{var}`"),
                     });
                 }
+            }
+            // A misspelt signal would read as a missing key at run time and never match.
+            for name in SIGNAL_REF.captures_iter(&spec.when).map(|c| c[1].to_string()) {
+                if !signal_names.contains(&name) {
+                    problems.push(PolicyProblem {
+                        file: file.clone(),
+                        item: item.clone(),
+                        message: format!("unknown signal `{name}`; defined: {}", signal_names.join(", ")),
+                    });
+                }
+            }
+            // Dry run on an empty request (every signal 0, no features, no model): a type error
+            // shows here; a missing feature or model field is expected and fine.
+            match program.execute(&dry_run) {
+                _ if problems.len() > rule_problems => {}
+                Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => {}
+                Ok(other) => problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: item.clone(),
+                    message: format!("`when` must evaluate to a bool, got {other:?}"),
+                }),
+                Err(e) => problems.push(PolicyProblem {
+                    file: file.clone(),
+                    item: item.clone(),
+                    message: format!("`when` fails on an empty request: {e}"),
+                }),
             }
             compiled_rules.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
         }
@@ -172,25 +204,7 @@ impl RuleSet {
 
     /// Evaluates the rules in order; the first match decides, else the default applies.
     pub fn evaluate(&self, input: &RulesInput<'_>) -> RuleVerdict {
-        let counts = input.signals;
-        let mut ctx = Context::with_env(Arc::clone(&self.env));
-        let signal_map: HashMap<Key, Value> =
-            counts.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
-        ctx.add_variable_from_value("signals", Value::Map(Map { map: Arc::new(signal_map) }));
-        ctx.add_variable_from_value("features", json_object_to_cel(input.features));
-        ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
-        ctx.add_variable_from_value("text_len", Value::Int(input.text.len() as i64));
-        let mut model: HashMap<Key, Value> = HashMap::new();
-        model.insert(Key::from("available"), Value::Bool(input.model.is_some()));
-        if let Some(m) = input.model {
-            model.insert(Key::from("risk_score"), Value::Float(m.risk_score));
-            model.insert(Key::from("confidence"), Value::Float(m.confidence));
-            if let Some(ood) = m.ood_score {
-                model.insert(Key::from("ood_score"), Value::Float(ood));
-            }
-        }
-        ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
-
+        let ctx = context(&self.env, input);
         let mut errors = Vec::new();
         let mut decided = None;
         for rule in &self.rules {
@@ -204,7 +218,7 @@ impl RuleSet {
                 Err(e) => errors.push((rule.name.clone(), e.to_string())),
             }
         }
-        let signals = counts.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
+        let signals = input.signals.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
         match decided {
             Some(rule) => RuleVerdict {
                 rule: Some(rule.name.clone()),
@@ -223,6 +237,32 @@ impl RuleSet {
         self.rules.len()
     }
 }
+
+/// The CEL variables of one request (see the module doc).
+fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
+    let mut ctx = Context::with_env(Arc::clone(env));
+    let signal_map: HashMap<Key, Value> =
+        input.signals.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
+    ctx.add_variable_from_value("signals", Value::Map(Map { map: Arc::new(signal_map) }));
+    ctx.add_variable_from_value("features", json_object_to_cel(input.features));
+    ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
+    ctx.add_variable_from_value("text_len", Value::Int(input.text.len() as i64));
+    let mut model: HashMap<Key, Value> = HashMap::new();
+    model.insert(Key::from("available"), Value::Bool(input.model.is_some()));
+    if let Some(m) = input.model {
+        model.insert(Key::from("risk_score"), Value::Float(m.risk_score));
+        model.insert(Key::from("confidence"), Value::Float(m.confidence));
+        if let Some(ood) = m.ood_score {
+            model.insert(Key::from("ood_score"), Value::Float(ood));
+        }
+    }
+    ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
+    ctx
+}
+
+/// `signals.NAME` in a rule's source.
+static SIGNAL_REF: std::sync::LazyLock<Regex> =
+    std::sync::LazyLock::new(|| Regex::new(r"\bsignals\.([A-Za-z_][A-Za-z0-9_]*)").expect("valid regex"));
 
 /// JSON -> CEL with integers as `int` (CEL integer literals are `int`, so `features.amount > 10000`
 /// must compare int with int; serde would give `uint`).
@@ -384,6 +424,43 @@ mod tests {
             assert!(text.contains(needle), "missing {needle} in {text}");
         }
         assert!(err.0.iter().all(|p| p.file == Path::new("p/rules.toml")));
+    }
+
+    #[test]
+    fn misspelt_signals_and_type_errors_are_caught_at_load() {
+        let err = policy(
+            r#"
+            [signals.gift_card]
+            patterns = ['gift ?cards?']
+            [[rules]]
+            name = "typo"
+            when = "signals.giftcard > 0"
+            action = "block"
+            score = 0.9
+            [[rules]]
+            name = "type_error"
+            when = 'signals.gift_card > "x"'
+            action = "block"
+            score = 0.9
+            [[rules]]
+            name = "not_a_bool"
+            when = "signals.gift_card + 1"
+            action = "block"
+            score = 0.9
+            [[rules]]
+            name = "fine_missing_feature"
+            when = "features.amount > 5 && model.risk_score > 0.5"
+            action = "block"
+            score = 0.9
+        "#,
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("rule `typo`: unknown signal `giftcard`; defined: gift_card"), "{text}");
+        assert!(text.contains("rule `type_error`: `when` fails on an empty request"), "{text}");
+        assert!(text.contains("rule `not_a_bool`: `when` must evaluate to a bool"), "{text}");
+        assert!(!text.contains("fine_missing_feature"), "{text}");
+        assert_eq!(err.0.len(), 3, "{text}");
     }
 
     #[test]

@@ -77,6 +77,7 @@ fn bench(c: &mut Criterion) {
             utilization: Some(0.3),
             in_flight: 1,
             p95_us: Some(60_000),
+            ewma_us: Some(50_000),
             circuit: CircuitState::Closed,
             kv_cache_headroom: None,
             endpoints_available: None,

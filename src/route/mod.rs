@@ -35,6 +35,8 @@ pub struct GpuSignals {
     pub utilization: Option<f64>,
     pub in_flight: usize,
     pub p95_us: Option<u64>,
+    /// EWMA of successful calls' latency, µs.
+    pub ewma_us: Option<u64>,
     pub circuit: CircuitState,
     /// Upstream backend: KV-cache headroom scraped from the servers, where they expose it.
     pub kv_cache_headroom: Option<f64>,

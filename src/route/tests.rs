@@ -41,6 +41,7 @@ fn idle() -> SignalsSnapshot {
             utilization: Some(0.1),
             in_flight: 0,
             p95_us: Some(50_000),
+            ewma_us: Some(40_000),
             circuit: CircuitState::Closed,
             kv_cache_headroom: None,
             endpoints_available: None,

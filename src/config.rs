@@ -20,6 +20,7 @@ pub struct Config {
     pub gpu: GpuConfig,
     pub signals: SignalsConfig,
     pub admission: AdmissionConfig,
+    pub admin: AdminConfig,
 }
 
 /// `[admission]`: per-tenant rate limits (GCRA, crate `governor`).
@@ -100,6 +101,26 @@ pub enum Provider {
 pub struct PoliciesConfig {
     /// Directory of policy files (`*.toml`), merged in file-name order.
     pub dir: PathBuf,
+    /// Reload when a file in `dir` changes (SIGHUP and `POST /admin/reload` always work).
+    pub watch: bool,
+    /// Quiet time after the last change before reloading, ms.
+    pub debounce_ms: u64,
+}
+
+/// `[admin]`: the admin listener (`/admin/*`), never served on the public listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address; loopback only by default. Env `TIERGATE_ADMIN_LISTEN`.
+    pub listen: SocketAddr,
+    /// Bearer token required on `/admin/*` when set. Env `TIERGATE_ADMIN_TOKEN` overrides it.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9090)), token: None }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -174,7 +195,7 @@ impl Default for ModelConfig {
 
 impl Default for PoliciesConfig {
     fn default() -> Self {
-        PoliciesConfig { dir: PathBuf::from("policies") }
+        PoliciesConfig { dir: PathBuf::from("policies"), watch: true, debounce_ms: 100 }
     }
 }
 
@@ -187,6 +208,7 @@ impl Default for Config {
             gpu: GpuConfig::default(),
             signals: SignalsConfig::default(),
             admission: AdmissionConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }

@@ -40,6 +40,12 @@ pub enum ApiError {
     /// 503: both model tiers are saturated and the policy says to shed.
     #[error("overloaded: {reason}; retry in {retry_after_s} s")]
     Shed { reason: String, retry_after_s: u64 },
+    /// 401: `/admin/*` without the right bearer token.
+    #[error("admin routes need `Authorization: Bearer <token>`")]
+    Unauthorized,
+    /// 422: a policy reload was refused; the last good policy keeps serving.
+    #[error("policy refused, the last good policy keeps serving: {} problem(s)", problems.len())]
+    PolicyInvalid { problems: Vec<String> },
     /// 503: the service is not ready (model not loaded).
     #[error("not ready: {0}")]
     NotReady(String),
@@ -62,7 +68,8 @@ impl ApiError {
             ApiError::MalformedJson(_) | ApiError::BodyRead(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -83,6 +90,8 @@ impl ApiError {
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Timeout { .. } => "request_timeout",
@@ -105,6 +114,9 @@ impl ApiError {
         let mut error = json!({ "code": self.code(), "message": self.to_string() });
         if let Some(field) = self.field() {
             error["field"] = json!(field);
+        }
+        if let ApiError::PolicyInvalid { problems } = &self {
+            error["problems"] = json!(problems);
         }
         let mut response = json_response(self.status(), &json!({ "error": error }));
         match self {

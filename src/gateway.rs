@@ -60,6 +60,8 @@ pub struct Gateway {
     pub signals: Arc<SignalsHub>,
     tenants: Option<DefaultKeyedRateLimiter<String>>,
     gpu_backend: GpuBackend,
+    /// Keeps the policy directory watch alive.
+    watcher: std::sync::Mutex<Option<notify::RecommendedWatcher>>,
 }
 
 impl Gateway {
@@ -92,12 +94,42 @@ impl Gateway {
             signals,
             tenants,
             gpu_backend: config.gpu.backend,
+            watcher: std::sync::Mutex::new(None),
         });
+        if config.policies.watch {
+            let weak = Arc::downgrade(&gateway);
+            let debounce = Duration::from_millis(config.policies.debounce_ms);
+            let watcher = crate::policy::watch::watch(&config.policies.dir, debounce, move || {
+                if let Some(g) = weak.upgrade() {
+                    let _ = g.reload_policy("file");
+                }
+            })?;
+            *gateway.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(watcher);
+        }
         tokio::spawn(housekeeping(
             Arc::downgrade(&gateway),
             Duration::from_millis(config.signals.cpu_interval_ms.max(10)),
         ));
         Ok(gateway)
+    }
+
+    /// Reloads the policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts the
+    /// result. A refused policy changes nothing but the error report.
+    pub fn reload_policy(&self, trigger: &'static str) -> Result<Option<String>, crate::policy::PolicyError> {
+        let result = self.policies.reload();
+        let outcome = match &result {
+            Ok(Some(version)) => {
+                tracing::info!(trigger, %version, "policy reloaded");
+                "ok"
+            }
+            Ok(None) => "unchanged",
+            Err(e) => {
+                tracing::error!(trigger, error = %e, "policy refused; the last good policy keeps serving");
+                "refused"
+            }
+        };
+        self.metrics.policy_reloads.get_or_create(&crate::metrics::ReloadLabels { trigger, result: outcome }).inc();
+        result
     }
 
     /// One consistent view of load for routing, as of `now`.

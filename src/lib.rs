@@ -23,4 +23,4 @@ pub mod tier;
 
 pub use config::Config;
 pub use gateway::{ClassifyRequest, Gateway};
-pub use ingress::server::{serve, App};
+pub use ingress::server::{serve, App, Role};

@@ -10,7 +10,7 @@ use tiergate::config::Config;
 use tiergate::gateway::Sources;
 use tiergate::policy::Policy;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::{App, Gateway};
+use tiergate::{App, Gateway, Role};
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
 
@@ -40,6 +40,9 @@ enum Command {
         /// Model directory, overriding `model.dir`.
         #[arg(long, env = "TIERGATE_MODELS")]
         models: Option<PathBuf>,
+        /// Admin listen address (`/admin/*`), overriding `admin.listen`.
+        #[arg(long, env = "TIERGATE_ADMIN_LISTEN")]
+        admin_listen: Option<SocketAddr>,
     },
     /// Fit the model's temperature on labelled data and print ECE before and after.
     ///
@@ -92,7 +95,9 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve { config, listen, policies, models } => serve(config, listen, policies, models),
+        Command::Serve { config, listen, policies, models, admin_listen } => {
+            serve(config, listen, policies, models, admin_listen)
+        }
         Command::Calibrate { input, config, models, bins, write } => {
             calibrate(&input, config, models, bins as usize, write.as_deref())
         }
@@ -131,8 +136,15 @@ fn serve(
     listen: Option<SocketAddr>,
     policies: Option<PathBuf>,
     models: Option<PathBuf>,
+    admin_listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
+    if let Some(a) = admin_listen {
+        config.admin.listen = a;
+    }
+    if let Ok(token) = std::env::var("TIERGATE_ADMIN_TOKEN") {
+        config.admin.token = Some(token).filter(|t| !t.is_empty());
+    }
     if let Some(l) = listen {
         config.server.listen = l;
     }
@@ -149,8 +161,35 @@ fn serve(
             .await
             .with_context(|| format!("binding {}", config.server.listen))?;
         tracing::info!(addr = %listener.local_addr()?, "tiergate listening");
-        let app = Arc::new(App { gateway, limits: config.server.clone() });
+        let admin_listener = tokio::net::TcpListener::bind(config.admin.listen)
+            .await
+            .with_context(|| format!("binding the admin listener {}", config.admin.listen))?;
+        tracing::info!(addr = %admin_listener.local_addr()?, token = config.admin.token.is_some(), "admin listening");
+        // SIGHUP reloads the policy directory.
+        #[cfg(unix)]
+        {
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            let g = Arc::clone(&gateway);
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    let g = Arc::clone(&g);
+                    let _ = tokio::task::spawn_blocking(move || g.reload_policy("sighup")).await;
+                }
+            });
+        }
+        let admin = Arc::new(App {
+            gateway: Arc::clone(&gateway),
+            limits: config.server.clone(),
+            role: Role::Admin { token: config.admin.token.clone() },
+        });
+        let app = Arc::new(App { gateway, limits: config.server.clone(), role: Role::Public });
+        let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = tokio::spawn(tiergate::serve(admin_listener, admin, async {
+            let _ = admin_stopped.await;
+        }));
         tiergate::serve(listener, app, shutdown_signal()).await?;
+        let _ = stop_admin.send(());
+        let _ = admin_task.await;
         Ok(())
     })
 }

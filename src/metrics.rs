@@ -36,6 +36,12 @@ pub struct DeviceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub trigger: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {
     pub status: u16,
 }
@@ -65,6 +71,7 @@ pub struct Metrics {
     pub gpu_free_bytes: Family<DeviceLabels, Gauge>,
     pub gpu_total_bytes: Family<DeviceLabels, Gauge>,
     pub gpu_utilization: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
+    pub policy_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -97,6 +104,7 @@ impl Metrics {
         let gpu_free_bytes = Family::<DeviceLabels, Gauge>::default();
         let gpu_total_bytes = Family::<DeviceLabels, Gauge>::default();
         let gpu_utilization = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
+        let policy_reloads = Family::<ReloadLabels, Counter>::default();
         registry.register("decisions", "Decisions by deciding tier and action", decisions.clone());
         registry.register("stage_outcomes", "Cascade stages by tier and outcome", steps.clone());
         registry.register("http_responses", "HTTP responses by status", responses.clone());
@@ -114,6 +122,11 @@ impl Metrics {
         registry.register("gpu_circuit_open", "1 while the gpu tier's circuit is open", gpu_circuit_open.clone());
         registry.register("gpu_memory_free_bytes", "Free GPU memory per device", gpu_free_bytes.clone());
         registry.register("gpu_memory_total_bytes", "Total GPU memory per device", gpu_total_bytes.clone());
+        registry.register(
+            "policy_reloads",
+            "Policy reloads by trigger and result (ok, unchanged, refused)",
+            policy_reloads.clone(),
+        );
         registry.register(
             "gpu_utilization_ratio",
             "GPU kernel-busy share per device (NVML, 0 to 1)",
@@ -139,6 +152,7 @@ impl Metrics {
             gpu_free_bytes,
             gpu_total_bytes,
             gpu_utilization,
+            policy_reloads,
         }
     }
 

@@ -29,6 +29,15 @@ pub type Body = Full<Bytes>;
 pub struct App {
     pub gateway: Arc<Gateway>,
     pub limits: ServerConfig,
+    pub role: Role,
+}
+
+/// Which routes a listener serves. Admin routes are never served on the public listener.
+pub enum Role {
+    /// `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
+    Public,
+    /// `/admin/policy`, `/admin/reload`, `/healthz`; with a bearer token when one is set.
+    Admin { token: Option<String> },
 }
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
@@ -101,6 +110,9 @@ async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
 async fn route(app: &App, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    if let Role::Admin { token } = &app.role {
+        return admin(app, &req, token.as_deref(), &path, &method).unwrap_or_else(ApiError::into_response);
+    }
     let result = match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,
         ("/healthz", &Method::GET | &Method::HEAD) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
@@ -124,6 +136,48 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, A
     let request_id = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let decision = app.gateway.classify(request, request_id).await?;
     Ok(json_response(StatusCode::OK, &decision))
+}
+
+fn admin(
+    app: &App,
+    req: &Request<Incoming>,
+    token: Option<&str>,
+    path: &str,
+    method: &Method,
+) -> Result<Response<Body>, ApiError> {
+    if let Some(token) = token {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), format!("Bearer {token}").as_bytes()) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    let g = &app.gateway;
+    match (path, method) {
+        ("/admin/policy", &Method::GET) => Ok(json_response(StatusCode::OK, &g.policies.status())),
+        ("/admin/reload", &Method::POST) => match g.reload_policy("admin") {
+            Ok(changed) => Ok(json_response(
+                StatusCode::OK,
+                &json!({
+                    "status": if changed.is_some() { "reloaded" } else { "unchanged" },
+                    "version": g.policies.snapshot().version,
+                }),
+            )),
+            Err(e) => Err(ApiError::PolicyInvalid { problems: e.0.iter().map(|p| p.to_string()).collect() }),
+        },
+        ("/healthz", &Method::GET) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        ("/admin/policy", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path: path.into(), allowed: "GET" })
+        }
+        ("/admin/reload", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path: path.into(), allowed: "POST" })
+        }
+        _ => Err(ApiError::NotFound { path: path.into() }),
+    }
+}
+
+/// Compares secrets without an early exit that would leak how many leading bytes match.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn readyz(app: &App) -> Response<Body> {

@@ -36,14 +36,33 @@ pub fn start(config: Config) -> SocketAddr {
 
 /// Like [`start`], with the given signal sources; also returns the gateway.
 pub fn start_with(config: Config, sources: Sources) -> (SocketAddr, Arc<Gateway>) {
+    let (addr, _, gateway) = start_with_admin(config, sources, None);
+    (addr, gateway)
+}
+
+/// Starts the public and the admin listener (admin token `token`); returns both addresses.
+pub fn start_with_admin(
+    config: Config,
+    sources: Sources,
+    token: Option<&str>,
+) -> (SocketAddr, SocketAddr, Arc<Gateway>) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let token = token.map(str::to_string);
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
             let gateway = Gateway::start(&config, sources).expect("gateway starts with the bundled model");
             let listener = tokio::net::TcpListener::bind(config.server.listen).await.unwrap();
-            tx.send((listener.local_addr().unwrap(), Arc::clone(&gateway))).unwrap();
-            let app = Arc::new(App { gateway, limits: config.server.clone() });
+            let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send((listener.local_addr().unwrap(), admin_listener.local_addr().unwrap(), Arc::clone(&gateway)))
+                .unwrap();
+            let admin = Arc::new(App {
+                gateway: Arc::clone(&gateway),
+                limits: config.server.clone(),
+                role: tiergate::Role::Admin { token },
+            });
+            tokio::spawn(tiergate::serve(admin_listener, admin, std::future::pending()));
+            let app = Arc::new(App { gateway, limits: config.server.clone(), role: tiergate::Role::Public });
             tiergate::serve(listener, app, std::future::pending()).await.unwrap();
         });
     });

@@ -21,6 +21,19 @@ pub struct Config {
     pub signals: SignalsConfig,
     pub admission: AdmissionConfig,
     pub admin: AdminConfig,
+    pub shadow: ShadowConfig,
+}
+
+/// `[shadow]`: a candidate policy evaluated beside the live one without affecting answers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShadowConfig {
+    /// The candidate's policy directory; unset: no shadow evaluation.
+    pub dir: Option<PathBuf>,
+    /// Share of requests also decided by the candidate, [0, 1].
+    pub share: f64,
+    /// JSON-lines file for disagreements (both decisions); unset: only counted in metrics.
+    pub log: Option<PathBuf>,
 }
 
 /// `[admission]`: per-tenant rate limits (GCRA, crate `governor`).
@@ -209,6 +222,7 @@ impl Default for Config {
             signals: SignalsConfig::default(),
             admission: AdmissionConfig::default(),
             admin: AdminConfig::default(),
+            shadow: ShadowConfig::default(),
         }
     }
 }
@@ -223,6 +237,8 @@ impl Config {
         config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
         config.policies.dir = base.join(&config.policies.dir);
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
+        config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
+        config.shadow.log = config.shadow.log.map(|d| base.join(d));
         config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
         Ok(config)
     }
@@ -247,6 +263,9 @@ impl Config {
             return Err(
                 "`model.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)".into()
             );
+        }
+        if !(0.0..=1.0).contains(&self.shadow.share) {
+            return Err(format!("`shadow.share` must be in [0, 1], got {}", self.shadow.share));
         }
         if self.gpu.max_concurrency == 0 {
             return Err("`gpu.max_concurrency` must be at least 1".into());

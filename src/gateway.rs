@@ -60,8 +60,9 @@ pub struct Gateway {
     pub signals: Arc<SignalsHub>,
     tenants: Option<DefaultKeyedRateLimiter<String>>,
     gpu_backend: GpuBackend,
-    /// Keeps the policy directory watch alive.
-    watcher: std::sync::Mutex<Option<notify::RecommendedWatcher>>,
+    /// Keeps the policy directory watches (live and shadow) alive.
+    watchers: std::sync::Mutex<Vec<notify::RecommendedWatcher>>,
+    pub shadow: Option<Shadow>,
 }
 
 impl Gateway {
@@ -94,7 +95,8 @@ impl Gateway {
             signals,
             tenants,
             gpu_backend: config.gpu.backend,
-            watcher: std::sync::Mutex::new(None),
+            watchers: std::sync::Mutex::new(Vec::new()),
+            shadow: Shadow::start(&config.shadow)?,
         });
         if config.policies.watch {
             let weak = Arc::downgrade(&gateway);
@@ -104,7 +106,20 @@ impl Gateway {
                     let _ = g.reload_policy("file");
                 }
             })?;
-            *gateway.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(watcher);
+            gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+            if let Some(shadow) = &gateway.shadow {
+                let weak = Arc::downgrade(&gateway);
+                let watcher = crate::policy::watch::watch(shadow.policies.dir(), debounce, move || {
+                    if let Some(s) = weak.upgrade().as_ref().and_then(|g| g.shadow.as_ref()) {
+                        match s.policies.reload() {
+                            Ok(Some(version)) => tracing::info!(%version, "shadow policy reloaded"),
+                            Ok(None) => {}
+                            Err(e) => tracing::error!(error = %e, "shadow policy refused; the last good one stays"),
+                        }
+                    }
+                })?;
+                gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+            }
         }
         tokio::spawn(housekeeping(
             Arc::downgrade(&gateway),
@@ -186,8 +201,30 @@ impl Gateway {
     }
 
     /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
-    /// and `Shed` (both model tiers saturated under `when_saturated = "shed"`).
+    /// and `Shed` (both model tiers saturated under `when_saturated = "shed"`). With a shadow
+    /// policy configured, a share of requests is also decided by the candidate, which never
+    /// changes the answer (see [`Gateway::compare`]).
     pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
+        let (decision, _) = self.classify_and_shadow(req, request_id, false).await?;
+        Ok(decision)
+    }
+
+    /// Decides one request with the live policy and, when a shadow policy is configured, with
+    /// the candidate too (always, not by share); returns both. For `check-policy --against`.
+    pub async fn compare(
+        &self,
+        req: ClassifyRequest,
+        request_id: String,
+    ) -> Result<(Decision, Option<Decision>), ApiError> {
+        self.classify_and_shadow(req, request_id, true).await
+    }
+
+    async fn classify_and_shadow(
+        &self,
+        req: ClassifyRequest,
+        request_id: String,
+        always_shadow: bool,
+    ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
         let policy = self.policies.snapshot();
         if let Some(limiter) = &self.tenants {
@@ -202,19 +239,97 @@ impl Gateway {
                 });
             }
         }
+        let snapshot = self.snapshot(started);
+        let recorded = std::sync::Mutex::new(Recorded::default());
+        let (decision, explain) = self.decide(&policy, &req, &snapshot, started, &Tiers::Live(&recorded)).await?;
+        let decision = self.finish(decision, request_id, &policy, explain, started);
+        let shadow = match &self.shadow {
+            Some(s) if always_shadow || fastrand::f64() < s.share => {
+                let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
+                self.shadow(s, &req, &snapshot, &recorded, &decision).await
+            }
+            _ => None,
+        };
+        Ok((decision, shadow))
+    }
+
+    /// The candidate policy's decision on the same request, from the tier verdicts the live
+    /// run obtained (a tier the live run did not call counts as unavailable: shadowing never
+    /// calls a model). Disagreements are counted by kind and logged with both decisions.
+    async fn shadow(
+        &self,
+        s: &Shadow,
+        req: &ClassifyRequest,
+        snapshot: &SignalsSnapshot,
+        recorded: &Recorded,
+        live: &Decision,
+    ) -> Option<Decision> {
+        let policy = s.policies.snapshot();
+        let started = Instant::now();
+        let (candidate, _) = self.decide(&policy, req, snapshot, started, &Tiers::Replay(recorded)).await.ok()?;
+        let mut candidate = candidate;
+        candidate.request_id = live.request_id.clone();
+        candidate.policy_version = policy.version.clone();
+        self.metrics.shadow_evaluations.inc();
+        let kinds: Vec<&'static str> = [
+            ("label", live.label != candidate.label),
+            ("action", live.action != candidate.action),
+            ("tier", live.tier != candidate.tier),
+        ]
+        .into_iter()
+        .filter_map(|(kind, differs)| differs.then_some(kind))
+        .collect();
+        for kind in &kinds {
+            self.metrics.shadow_disagreements.get_or_create(&crate::metrics::KindLabels { kind }).inc();
+        }
+        if !kinds.is_empty() {
+            if let Some(log) = &s.log {
+                let line = serde_json::json!({
+                    "request_id": live.request_id,
+                    "disagree": kinds,
+                    "live": {"policy_version": live.policy_version, "label": live.label, "action": live.action,
+                             "tier": live.tier, "rule": live.rule, "risk_score": live.risk_score},
+                    "candidate": {"policy_version": candidate.policy_version, "label": candidate.label, "action": candidate.action,
+                                  "tier": candidate.tier, "rule": candidate.rule, "risk_score": candidate.risk_score,
+                                  "path": candidate.path},
+                });
+                let _ = log.send(line.to_string());
+            }
+        }
+        Some(candidate)
+    }
+
+    /// The cascade under `policy`: rate, pick a tier, run tiers (live, or replayed for a shadow
+    /// policy), escalate or fall back, decide. Metrics are recorded for live runs only.
+    async fn decide(
+        &self,
+        policy: &Policy,
+        req: &ClassifyRequest,
+        snapshot: &SignalsSnapshot,
+        started: Instant,
+        tiers: &Tiers<'_>,
+    ) -> Result<(Decision, Option<Explain>), ApiError> {
+        let live = matches!(tiers, Tiers::Live(_));
         let deadline = started + req.deadline;
         let signal_counts = policy.rules.count_signals(&req.text);
-        let (stats, mut complexity) = self.rate(&policy, &req, &signal_counts);
-        let snapshot = self.snapshot(started);
-        let start = route::start(&complexity, &policy, &snapshot, req.deadline);
-        let mut run =
-            Run { path: Vec::with_capacity(4), model: None, escalated: None, cpu_tried: false, gpu_tried: false };
+        let (stats, mut complexity) = self.rate(policy, req, &signal_counts);
+        let start = route::start(&complexity, policy, snapshot, req.deadline);
+        let mut run = Run {
+            path: Vec::with_capacity(4),
+            model: None,
+            escalated: None,
+            cpu_tried: false,
+            gpu_tried: false,
+            metrics: live.then_some(&self.metrics),
+        };
         let mut stage = start.stage;
         let decision = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             stage = match stage {
                 Stage::Shed => {
-                    self.metrics.shed.inc();
+                    if live {
+                        self.metrics.shed.inc();
+                    }
                     return Err(ApiError::Shed {
                         reason: start.reason.clone(),
                         retry_after_s: policy.routing.retry_after_s,
@@ -223,14 +338,16 @@ impl Gateway {
                 Stage::Cpu => {
                     run.cpu_tried = true;
                     let t = Instant::now();
-                    let result = self.cpu.classify(Arc::clone(&req.text), deadline).await;
+                    let result = tiers.cpu(self, &req.text, deadline).await;
                     let us = t.elapsed().as_micros() as u64;
-                    self.observe(TierName::Cpu, us, result.is_ok());
+                    if live {
+                        self.observe(TierName::Cpu, us, result.is_ok());
+                    }
                     let v = match result {
                         Ok(v) => v,
                         Err(e) => {
-                            let gpu = || route::gpu_eligibility(&policy, &snapshot, remaining);
-                            stage = run.tier_failed(TierName::Cpu, e, us, gpu, &self.metrics);
+                            let gpu = || route::gpu_eligibility(policy, snapshot, remaining);
+                            stage = run.tier_failed(TierName::Cpu, e, us, gpu);
                             continue;
                         }
                     };
@@ -239,11 +356,11 @@ impl Gateway {
                     }
                     let gpu = match run.gpu_tried {
                         true => Err("already tried".to_string()),
-                        false => route::gpu_eligibility(&policy, &snapshot, remaining),
+                        false => route::gpu_eligibility(policy, snapshot, remaining),
                     };
-                    let next = route::after_cpu(&v, &complexity, &policy, &gpu);
-                    match run.model_step(TierName::Cpu, &v, us, next, &self.metrics) {
-                        None => break run.decide(TierName::Cpu, &v, &policy),
+                    let next = route::after_cpu(&v, &complexity, policy, &gpu);
+                    match run.model_step(TierName::Cpu, &v, us, next) {
+                        None => break run.decide(TierName::Cpu, &v, policy),
                         Some(Stage::Rules) if !run.gpu_tried => {
                             run.skip_gpu(gpu.err());
                             Stage::Rules
@@ -253,38 +370,37 @@ impl Gateway {
                 }
                 Stage::Gpu => {
                     run.gpu_tried = true;
-                    let gpu = self.gpu.as_ref().expect("routing picks the gpu tier only when it exists");
                     let t = Instant::now();
-                    let result = gpu.classify(policy.prompt.as_ref(), Arc::clone(&req.text), deadline).await;
+                    let result = tiers.gpu(self, policy, &req.text, deadline).await;
                     let us = t.elapsed().as_micros() as u64;
-                    self.observe(TierName::Gpu, us, result.is_ok());
+                    if live {
+                        self.observe(TierName::Gpu, us, result.is_ok());
+                    }
                     match (result, run.escalated.take()) {
-                        (Ok(v), _) => {
-                            match run.model_step(TierName::Gpu, &v, us, route::after_gpu(&v, &policy), &self.metrics) {
-                                None => break run.decide(TierName::Gpu, &v, &policy),
-                                Some(next) => next,
-                            }
-                        }
+                        (Ok(v), _) => match run.model_step(TierName::Gpu, &v, us, route::after_gpu(&v, policy)) {
+                            None => break run.decide(TierName::Gpu, &v, policy),
+                            Some(next) => next,
+                        },
                         // An escalation failed: the cpu verdict stands if it would have stood
                         // without a gpu tier, else rules decide.
                         (Err(e), Some(v)) => {
-                            run.failed(TierName::Gpu, &e, us, &self.metrics);
+                            run.failed(TierName::Gpu, &e, us);
                             let gpu = Err(format!("gpu tier {}", e.outcome()));
-                            match route::after_cpu(&v, &complexity, &policy, &gpu) {
+                            match route::after_cpu(&v, &complexity, policy, &gpu) {
                                 Next::Accept { note } => {
                                     let mut step = Step::new(TierName::Cpu, "accepted", 0);
                                     step.confidence = Some(v.confidence);
                                     step.risk_score = Some(v.risk_score);
                                     step.reason = note;
                                     run.path.push(step);
-                                    break run.decide(TierName::Cpu, &v, &policy);
+                                    break run.decide(TierName::Cpu, &v, policy);
                                 }
                                 _ => Stage::Rules,
                             }
                         }
                         (Err(e), None) => {
-                            let cpu = || route::cpu_eligibility(&policy, &snapshot, remaining);
-                            run.tier_failed(TierName::Gpu, e, us, cpu, &self.metrics)
+                            let cpu = || route::cpu_eligibility(policy, snapshot, remaining);
+                            run.tier_failed(TierName::Gpu, e, us, cpu)
                         }
                     }
                 }
@@ -293,12 +409,12 @@ impl Gateway {
                         // Neither model tier was tried: say why.
                         run.path.push(Step::new(TierName::Cpu, "skipped", 0).reason(start.reason.clone()));
                     }
-                    break self.rules(&policy, &req, &signal_counts, run);
+                    break self.rules(policy, req, &signal_counts, run);
                 }
             };
         };
-        let explain = req.explain.then(|| Explain { complexity, stats, signals: snapshot, start });
-        Ok(self.finish(decision, request_id, &policy, explain, started))
+        let explain = req.explain.then(|| Explain { complexity, stats, signals: snapshot.clone(), start });
+        Ok((decision, explain))
     }
 
     /// Complexity of a request: cheap text statistics, tokens from the real tokenizer, signal
@@ -323,7 +439,7 @@ impl Gateway {
         policy: &Policy,
         req: &ClassifyRequest,
         signals: &std::collections::BTreeMap<String, i64>,
-        mut run: Run,
+        mut run: Run<'_>,
     ) -> Decision {
         let t = Instant::now();
         let verdict = policy.rules.evaluate(&RulesInput {
@@ -333,12 +449,14 @@ impl Gateway {
             tenant: req.tenant.as_deref(),
             model: run.model,
         });
-        for (rule, error) in &verdict.errors {
-            self.metrics.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
-            tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
-        }
         let us = t.elapsed().as_micros() as u64;
-        self.observe(TierName::Rules, us, true);
+        if let Some(m) = run.metrics {
+            for (rule, error) in &verdict.errors {
+                m.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
+                tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
+            }
+            self.observe(TierName::Rules, us, true);
+        }
         let mut step = Step::new(TierName::Rules, if verdict.rule.is_some() { "matched" } else { "default" }, us);
         step.risk_score = Some(verdict.risk_score);
         step.rule = verdict.rule.clone();
@@ -411,8 +529,67 @@ impl Gateway {
     }
 }
 
+/// The tier verdicts a live run obtained, for replaying under a shadow policy.
+#[derive(Debug, Default)]
+struct Recorded {
+    cpu: Option<Result<ModelVerdict, TierError>>,
+    gpu: Option<Result<ModelVerdict, TierError>>,
+}
+
+/// Where a cascade's tier verdicts come from.
+enum Tiers<'a> {
+    /// Call the tiers, and record what they answer.
+    Live(&'a std::sync::Mutex<Recorded>),
+    /// Replay what the live run obtained; a tier it did not call is unavailable.
+    Replay(&'a Recorded),
+}
+
+const NOT_RUN: &str = "not called by the live policy (shadow evaluation never calls a model)";
+
+impl Tiers<'_> {
+    async fn cpu(&self, g: &Gateway, text: &Arc<str>, deadline: Instant) -> Result<ModelVerdict, TierError> {
+        match self {
+            Tiers::Live(rec) => {
+                let r = g.cpu.classify(Arc::clone(text), deadline).await;
+                rec.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
+                r
+            }
+            Tiers::Replay(rec) => rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+        }
+    }
+
+    async fn gpu(
+        &self,
+        g: &Gateway,
+        policy: &Policy,
+        text: &Arc<str>,
+        deadline: Instant,
+    ) -> Result<ModelVerdict, TierError> {
+        match self {
+            Tiers::Live(rec) => {
+                let gpu = g.gpu.as_ref().expect("routing picks the gpu tier only when it exists");
+                let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).await;
+                rec.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());
+                r
+            }
+            Tiers::Replay(rec) => rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+        }
+    }
+}
+
+/// A candidate policy evaluated beside the live one (`[shadow]` in config).
+pub struct Shadow {
+    pub policies: PolicyStore,
+    /// Share of requests evaluated, [0, 1].
+    pub share: f64,
+    /// Disagreements go to this writer task as JSON lines.
+    log: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+}
+
 /// The cascade's state for one request.
-struct Run {
+struct Run<'a> {
+    /// Where to count escalations and fallbacks: live runs only.
+    metrics: Option<&'a Metrics>,
     path: Vec<Step>,
     /// The last unsure model verdict, for the rules to see.
     model: Option<ModelView>,
@@ -422,9 +599,24 @@ struct Run {
     gpu_tried: bool,
 }
 
-impl Run {
+impl Run<'_> {
+    fn count(
+        &self,
+        family: fn(
+            &Metrics,
+        ) -> &prometheus_client::metrics::family::Family<
+            ReasonLabels,
+            prometheus_client::metrics::counter::Counter,
+        >,
+        reason: &'static str,
+    ) {
+        if let Some(m) = self.metrics {
+            family(m).get_or_create(&ReasonLabels { reason }).inc();
+        }
+    }
+
     /// Records a model tier's step; `None` when its verdict stands, else the next stage.
-    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, next: Next, m: &Metrics) -> Option<Stage> {
+    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, next: Next) -> Option<Stage> {
         let mut step = Step::new(tier, "accepted", us);
         step.confidence = Some(v.confidence);
         step.risk_score = Some(v.risk_score);
@@ -436,14 +628,14 @@ impl Run {
                 None
             }
             Next::Escalate { outcome, reason } => {
-                m.escalations.get_or_create(&ReasonLabels { reason: outcome }).inc();
+                self.count(|m| &m.escalations, outcome);
                 step.outcome = outcome;
                 step.reason = Some(format!("{reason}; escalating to gpu"));
                 self.escalated = Some(v.clone());
                 Some(Stage::Gpu)
             }
             Next::Rules { outcome, reason } => {
-                m.fallbacks.get_or_create(&ReasonLabels { reason: outcome }).inc();
+                self.count(|m| &m.fallbacks, outcome);
                 step.outcome = outcome;
                 step.reason = Some(reason);
                 Some(Stage::Rules)
@@ -457,8 +649,8 @@ impl Run {
     }
 
     /// Records a tier's failure.
-    fn failed(&mut self, tier: TierName, e: &TierError, us: u64, m: &Metrics) {
-        m.fallbacks.get_or_create(&ReasonLabels { reason: e.outcome() }).inc();
+    fn failed(&mut self, tier: TierName, e: &TierError, us: u64) {
+        self.count(|m| &m.fallbacks, e.outcome());
         self.path.push(Step::new(tier, e.outcome(), us).reason(e.to_string()));
     }
 
@@ -469,9 +661,8 @@ impl Run {
         e: TierError,
         us: u64,
         other: impl FnOnce() -> Result<(), String>,
-        m: &Metrics,
     ) -> Stage {
-        self.failed(tier, &e, us, m);
+        self.failed(tier, &e, us);
         let (other_tried, other_stage, other_name) = match tier {
             TierName::Cpu => (self.gpu_tried, Stage::Gpu, TierName::Gpu),
             _ => (self.cpu_tried, Stage::Cpu, TierName::Cpu),
@@ -510,6 +701,34 @@ impl Run {
             latency_us: 0,
             explain: None,
         }
+    }
+}
+
+impl Shadow {
+    /// Loads the candidate policy, watches its directory, starts the disagreement log writer.
+    fn start(config: &crate::config::ShadowConfig) -> anyhow::Result<Option<Shadow>> {
+        let Some(dir) = &config.dir else { return Ok(None) };
+        let policy = Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("shadow policy: {e}"))?;
+        tracing::info!(version = %policy.version, share = config.share, "shadow policy loaded");
+        let policies = PolicyStore::new(policy);
+        let log = config.log.as_ref().map(|path| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let path = path.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
+                    Ok(f) => f,
+                    Err(e) => return tracing::error!(path = %path.display(), error = %e, "cannot open the shadow log"),
+                };
+                while let Some(line) = rx.recv().await {
+                    if let Err(e) = file.write_all(format!("{line}\n").as_bytes()).await {
+                        tracing::error!(error = %e, "writing the shadow log");
+                    }
+                }
+            });
+            tx
+        });
+        Ok(Some(Shadow { policies, share: config.share, log }))
     }
 }
 

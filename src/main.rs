@@ -86,6 +86,13 @@ enum Command {
     CheckPolicy {
         /// Policy directory.
         dir: PathBuf,
+        /// Also replay labelled requests (JSON lines `{"text", "label": 0|1, "features"?, "tenant"?}`)
+        /// through the real model and report how decisions and actions would change compared
+        /// with the running policy (`policies.dir` of the config).
+        #[arg(long)]
+        against: Option<PathBuf>,
+        #[arg(long, env = "TIERGATE_CONFIG")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -101,7 +108,7 @@ fn main() -> std::process::ExitCode {
         Command::Calibrate { input, config, models, bins, write } => {
             calibrate(&input, config, models, bins as usize, write.as_deref())
         }
-        Command::CheckPolicy { dir } => check_policy(&dir),
+        Command::CheckPolicy { dir, against, config } => check_policy(&dir, against.as_deref(), config),
         Command::Explain { text, features, tenant, config, policies } => {
             explain(text, features, tenant, config, policies)
         }
@@ -328,8 +335,112 @@ fn explain(
     })
 }
 
-fn check_policy(dir: &Path) -> anyhow::Result<()> {
+fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> anyhow::Result<()> {
     let policy = Policy::load_dir(dir)?;
     println!("policy {} is valid: version {}, {} rules", dir.display(), policy.version, policy.rules.rule_count());
-    Ok(())
+    let Some(samples) = against else { return Ok(()) };
+    #[derive(serde::Deserialize)]
+    struct Sample {
+        text: String,
+        label: usize,
+        #[serde(default)]
+        features: serde_json::Map<String, serde_json::Value>,
+        #[serde(default)]
+        tenant: Option<String>,
+    }
+    let text = std::fs::read_to_string(samples).with_context(|| format!("reading {}", samples.display()))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let s: Sample = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{}:{}: expected {{\"text\", \"label\": 0|1, \"features\"?, \"tenant\"?}}",
+                samples.display(),
+                i + 1
+            )
+        })?;
+        anyhow::ensure!(s.label <= 1, "{}:{}: `label` must be 0 or 1", samples.display(), i + 1);
+        rows.push(s);
+    }
+    let mut config = load_config(config)?;
+    config.policies.watch = false;
+    config.admission.tenant_rps = 0;
+    config.shadow = tiergate::config::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let gateway = Gateway::start(&config, Sources::default())?;
+        let running = gateway.policies.snapshot().version.clone();
+        #[derive(Default)]
+        struct Tally {
+            correct: usize,
+            actions: std::collections::BTreeMap<String, usize>,
+            tiers: std::collections::BTreeMap<String, usize>,
+        }
+        let (mut live_t, mut cand_t) = (Tally::default(), Tally::default());
+        let mut action_changes: std::collections::BTreeMap<(String, String), usize> = Default::default();
+        let (mut label_changes, mut tier_changes, mut examples) = (0, 0, Vec::new());
+        for (i, s) in rows.iter().enumerate() {
+            let req = tiergate::ClassifyRequest {
+                text: s.text.as_str().into(),
+                features: s.features.clone(),
+                tenant: s.tenant.clone(),
+                // Replay without time pressure: compare policies, not this machine's load.
+                deadline: std::time::Duration::from_millis(config.server.max_deadline_ms),
+                explain: false,
+            };
+            let (live, cand) = gateway.compare(req, format!("sample-{}", i + 1)).await?;
+            let cand = cand.context("the candidate policy gave no decision")?;
+            for (t, d) in [(&mut live_t, &live), (&mut cand_t, &cand)] {
+                t.correct += ((d.label == tiergate::decision::Label::Risk) == (s.label == 1)) as usize;
+                *t.actions.entry(d.action.as_str().into()).or_default() += 1;
+                *t.tiers.entry(d.tier.as_str().into()).or_default() += 1;
+            }
+            label_changes += (live.label != cand.label) as usize;
+            tier_changes += (live.tier != cand.tier) as usize;
+            if live.action != cand.action {
+                *action_changes.entry((live.action.as_str().into(), cand.action.as_str().into())).or_default() += 1;
+                if examples.len() < 10 {
+                    let head: String = s.text.chars().take(70).collect();
+                    examples.push(format!(
+                        "  line {:>4}  label {}  {} -> {}  ({} -> {})  {head:?}",
+                        i + 1,
+                        s.label,
+                        live.action.as_str(),
+                        cand.action.as_str(),
+                        live.rule.as_deref().unwrap_or(live.tier.as_str()),
+                        cand.rule.as_deref().unwrap_or(cand.tier.as_str()),
+                    ));
+                }
+            }
+        }
+        let n = rows.len().max(1);
+        let candidate = &gateway.shadow.as_ref().expect("configured above").policies.snapshot().version;
+        println!("\nreplayed {} labelled requests from {}", rows.len(), samples.display());
+        println!("{:<22} {:>14} {:>14}", "", format!("running {running}"), format!("candidate {candidate}"));
+        println!(
+            "{:<22} {:>14.4} {:>14.4}",
+            "label accuracy",
+            live_t.correct as f64 / n as f64,
+            cand_t.correct as f64 / n as f64
+        );
+        for action in ["allow", "review", "block"] {
+            let (a, b) =
+                (live_t.actions.get(action).copied().unwrap_or(0), cand_t.actions.get(action).copied().unwrap_or(0));
+            println!("{:<22} {a:>14} {b:>14}", format!("action {action}"));
+        }
+        for tier in ["cpu", "gpu", "rules"] {
+            let (a, b) = (live_t.tiers.get(tier).copied().unwrap_or(0), cand_t.tiers.get(tier).copied().unwrap_or(0));
+            println!("{:<22} {a:>14} {b:>14}", format!("decided by {tier}"));
+        }
+        println!(
+            "\nchanged: label {label_changes}, action {}, deciding tier {tier_changes}",
+            action_changes.values().sum::<usize>()
+        );
+        for ((from, to), count) in &action_changes {
+            println!("  action {from} -> {to}: {count}");
+        }
+        if !examples.is_empty() {
+            println!("\nfirst changed actions:\n{}", examples.join("\n"));
+        }
+        Ok(())
+    })
 }

@@ -36,6 +36,11 @@ pub struct DeviceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabels {
     pub trigger: &'static str,
     pub result: &'static str,
@@ -72,6 +77,8 @@ pub struct Metrics {
     pub gpu_total_bytes: Family<DeviceLabels, Gauge>,
     pub gpu_utilization: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
     pub policy_reloads: Family<ReloadLabels, Counter>,
+    pub shadow_evaluations: Counter,
+    pub shadow_disagreements: Family<KindLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -105,6 +112,18 @@ impl Metrics {
         let gpu_total_bytes = Family::<DeviceLabels, Gauge>::default();
         let gpu_utilization = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
         let policy_reloads = Family::<ReloadLabels, Counter>::default();
+        let shadow_evaluations = Counter::default();
+        let shadow_disagreements = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "shadow_evaluations",
+            "Requests also decided by the shadow policy",
+            shadow_evaluations.clone(),
+        );
+        registry.register(
+            "shadow_disagreements",
+            "Shadow decisions that differ from the live one, by kind (label, action, tier)",
+            shadow_disagreements.clone(),
+        );
         registry.register("decisions", "Decisions by deciding tier and action", decisions.clone());
         registry.register("stage_outcomes", "Cascade stages by tier and outcome", steps.clone());
         registry.register("http_responses", "HTTP responses by status", responses.clone());
@@ -153,6 +172,8 @@ impl Metrics {
             gpu_total_bytes,
             gpu_utilization,
             policy_reloads,
+            shadow_evaluations,
+            shadow_disagreements,
         }
     }
 

@@ -1,0 +1,77 @@
+//! One test per kind of policy error: `tiergate check-policy` exits 1 and names the file and
+//! the rule (or section / signal) in its message.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+/// Writes the bundled routing.toml plus `rules` as rules.toml; runs check-policy on it.
+fn check(name: &str, rules: &str) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(format!("tiergate-perr-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(repo().join("policies/routing.toml"), dir.join("routing.toml")).unwrap();
+    std::fs::write(dir.join("rules.toml"), rules).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiergate")).arg("check-policy").arg(&dir).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+const SIGNAL: &str = "[signals.link]\npatterns = ['https?://\\S+']\n";
+
+#[test]
+fn bad_cel() {
+    let (code, err) = check(
+        "cel",
+        &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"signals.link > \"\naction = \"block\"\nscore = 0.9\n"),
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("rules.toml: rule `r1`: bad CEL"), "{err}");
+}
+
+#[test]
+fn bad_regex() {
+    let (code, err) = check("regex", "[signals.broken]\npatterns = ['(unclosed']\n");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("rules.toml: signal `broken`: bad regex `(unclosed`"), "{err}");
+}
+
+#[test]
+fn unknown_key() {
+    let (code, err) = check(
+        "key",
+        &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"true\"\naction = \"block\"\nscore = 0.9\nsevrity = 3\n"),
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("rules.toml") && err.contains("unknown field `sevrity`"), "{err}");
+    assert!(err.contains("line 8"), "TOML errors carry the line: {err}");
+}
+
+#[test]
+fn missing_reference() {
+    let (code, err) = check(
+        "ref",
+        &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"signals.lnk > 0\"\naction = \"block\"\nscore = 0.9\n"),
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("rules.toml: rule `r1`: unknown signal `lnk`; defined: link"), "{err}");
+}
+
+#[test]
+fn out_of_range_threshold() {
+    let (code, err) = check(
+        "range",
+        &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"true\"\naction = \"block\"\nscore = 1.5\n"),
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("rules.toml: rule `r1`: score must be in [0, 1], got 1.5"), "{err}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let (code, err) = check(
+        "many",
+        "[signals.broken]\npatterns = ['(']\n[[rules]]\nname = \"a\"\nwhen = \"signals.nope > 0\"\naction = \"block\"\nscore = 2\n",
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("3 problem(s)"), "{err}");
+}

@@ -1,5 +1,5 @@
-//! One test per kind of policy error: `tiergate check-policy` exits 1 and names the file and
-//! the rule (or section / signal) in its message.
+//! One test per kind of policy error: `tiergate check-policy` exits 1 and names the file, the
+//! line and the rule (or section / signal) in its message.
 
 mod common;
 use common::*;
@@ -25,14 +25,14 @@ fn bad_cel() {
         &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"signals.link > \"\naction = \"block\"\nscore = 0.9\n"),
     );
     assert_eq!(code, Some(1));
-    assert!(err.contains("rules.toml: rule `r1`: bad CEL"), "{err}");
+    assert!(err.contains("rules.toml:3: rule `r1`: bad CEL"), "{err}");
 }
 
 #[test]
 fn bad_regex() {
     let (code, err) = check("regex", "[signals.broken]\npatterns = ['(unclosed']\n");
     assert_eq!(code, Some(1));
-    assert!(err.contains("rules.toml: signal `broken`: bad regex `(unclosed`"), "{err}");
+    assert!(err.contains("rules.toml:1: signal `broken`: bad regex `(unclosed`"), "{err}");
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn missing_reference() {
         &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"signals.lnk > 0\"\naction = \"block\"\nscore = 0.9\n"),
     );
     assert_eq!(code, Some(1));
-    assert!(err.contains("rules.toml: rule `r1`: unknown signal `lnk`; defined: link"), "{err}");
+    assert!(err.contains("rules.toml:3: rule `r1`: unknown signal `lnk`; defined: link"), "{err}");
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn out_of_range_threshold() {
         &format!("{SIGNAL}[[rules]]\nname = \"r1\"\nwhen = \"true\"\naction = \"block\"\nscore = 1.5\n"),
     );
     assert_eq!(code, Some(1));
-    assert!(err.contains("rules.toml: rule `r1`: score must be in [0, 1], got 1.5"), "{err}");
+    assert!(err.contains("rules.toml:3: rule `r1`: score must be in [0, 1], got 1.5"), "{err}");
 }
 
 #[test]

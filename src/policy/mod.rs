@@ -206,24 +206,30 @@ struct PolicyFile {
     gpu: Option<GpuLimits>,
     prompt: Option<PromptSpec>,
     #[serde(default)]
-    signals: BTreeMap<String, SignalSpec>,
+    signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
     #[serde(default)]
-    rules: Vec<RuleSpec>,
+    rules: Vec<toml::Spanned<RuleSpec>>,
 }
 
 /// One problem in a policy, located by file and (where there is one) rule or signal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyProblem {
     pub file: PathBuf,
+    /// 1-based line of the rule or signal in `file`, where known.
+    pub line: Option<usize>,
     pub item: Option<String>,
     pub message: String,
 }
 
 impl fmt::Display for PolicyProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
         match &self.item {
-            Some(item) => write!(f, "{}: {item}: {}", self.file.display(), self.message),
-            None => write!(f, "{}: {}", self.file.display(), self.message),
+            Some(item) => write!(f, ": {item}: {}", self.message),
+            None => write!(f, ": {}", self.message),
         }
     }
 }
@@ -261,8 +267,9 @@ pub struct Policy {
 impl Policy {
     /// Loads and validates every `*.toml` in `dir`.
     pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
-        let dir_problem =
-            |message: String| PolicyError(vec![PolicyProblem { file: dir.to_path_buf(), item: None, message }]);
+        let dir_problem = |message: String| {
+            PolicyError(vec![PolicyProblem { line: None, file: dir.to_path_buf(), item: None, message }])
+        };
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| dir_problem(format!("cannot read policy directory: {e}")))?
             .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -278,6 +285,7 @@ impl Policy {
         for path in paths {
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 PolicyError(vec![PolicyProblem {
+                    line: None,
                     file: path.clone(),
                     item: None,
                     message: format!("cannot read: {e}"),
@@ -299,10 +307,13 @@ impl Policy {
             hasher.update(text.as_bytes());
             hasher.update([0]);
             match toml::from_str::<PolicyFile>(text) {
-                Ok(file) => merged.add(path, file, &mut problems),
-                Err(e) => {
-                    problems.push(PolicyProblem { file: path.clone(), item: None, message: one_line(&e.to_string()) })
-                }
+                Ok(file) => merged.add(path, text, file, &mut problems),
+                Err(e) => problems.push(PolicyProblem {
+                    line: None,
+                    file: path.clone(),
+                    item: None,
+                    message: one_line(&e.to_string()),
+                }),
             }
         }
         let version = format!("{:x}", hasher.finalize())[..12].to_string();
@@ -316,7 +327,12 @@ impl Policy {
             [("[actions]", actions.is_none()), ("[cascade]", cascade.is_none()), ("[default]", default.is_none())]
         {
             if missing && !parse_failed {
-                problems.push(PolicyProblem { file: whole(), item: None, message: format!("no file defines {what}") });
+                problems.push(PolicyProblem {
+                    line: None,
+                    file: whole(),
+                    item: None,
+                    message: format!("no file defines {what}"),
+                });
             }
         }
         if let Some((file, a)) = &actions {
@@ -324,6 +340,7 @@ impl Policy {
             check_unit(file, "actions.block_at", a.block_at, &mut problems);
             if a.review_at > a.block_at {
                 problems.push(PolicyProblem {
+                    line: None,
                     file: file.clone(),
                     item: Some("actions".into()),
                     message: format!("review_at ({}) must not exceed block_at ({})", a.review_at, a.block_at),
@@ -337,6 +354,7 @@ impl Policy {
                 check_unit(file, "cascade.escalate_below", e, &mut problems);
                 if c.accept_below > e {
                     problems.push(PolicyProblem {
+                        line: None,
                         file: file.clone(),
                         item: Some("cascade".into()),
                         message: format!("accept_below ({}) must not exceed escalate_below ({e})", c.accept_below),
@@ -352,6 +370,7 @@ impl Policy {
         let complexity = merged.complexity.take();
         if let Some((file, c)) = &complexity {
             problems.extend(c.problems().into_iter().map(|message| PolicyProblem {
+                line: None,
                 file: file.clone(),
                 item: Some("complexity".into()),
                 message,
@@ -368,7 +387,7 @@ impl Policy {
         let prompt = merged.prompt.take();
         if let Some((file, p)) = &prompt {
             if let Err(message) = p.validate() {
-                problems.push(PolicyProblem { file: file.clone(), item: Some("prompt".into()), message });
+                problems.push(PolicyProblem { line: None, file: file.clone(), item: Some("prompt".into()), message });
             }
         }
         if let Some((file, d)) = &default {
@@ -397,6 +416,7 @@ impl Policy {
 fn check_unit(file: &Path, name: &str, value: f64, problems: &mut Vec<PolicyProblem>) {
     if !(0.0..=1.0).contains(&value) {
         problems.push(PolicyProblem {
+            line: None,
             file: file.to_path_buf(),
             item: Some(name.into()),
             message: format!("must be in [0, 1], got {value}"),
@@ -419,12 +439,13 @@ struct Merged {
     cpu: Option<(PathBuf, CpuLimits)>,
     gpu: Option<(PathBuf, GpuLimits)>,
     prompt: Option<(PathBuf, PromptSpec)>,
-    signals: Vec<(PathBuf, String, SignalSpec)>,
-    rules: Vec<(PathBuf, RuleSpec)>,
+    signals: Vec<(PathBuf, usize, String, SignalSpec)>,
+    rules: Vec<(PathBuf, usize, RuleSpec)>,
 }
 
 impl Merged {
-    fn add(&mut self, path: &Path, file: PolicyFile, problems: &mut Vec<PolicyProblem>) {
+    fn add(&mut self, path: &Path, text: &str, file: PolicyFile, problems: &mut Vec<PolicyProblem>) {
+        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
         fn section<T>(
             slot: &mut Option<(PathBuf, T)>,
             path: &Path,
@@ -435,6 +456,7 @@ impl Merged {
             let Some(value) = value else { return };
             if let Some((first, _)) = slot {
                 problems.push(PolicyProblem {
+                    line: None,
                     file: path.to_path_buf(),
                     item: Some(format!("[{name}]")),
                     message: format!("already defined in {}", first.display()),
@@ -452,17 +474,21 @@ impl Merged {
         section(&mut self.gpu, path, "gpu", file.gpu, problems);
         section(&mut self.prompt, path, "prompt", file.prompt, problems);
         for (name, spec) in file.signals {
-            if let Some((first, _, _)) = self.signals.iter().find(|(_, n, _)| *n == name) {
+            let line = line_of(spec.span().start);
+            let spec = spec.into_inner();
+            if let Some((first, _, _, _)) = self.signals.iter().find(|(_, _, n, _)| *n == name) {
                 problems.push(PolicyProblem {
+                    line: None,
                     file: path.to_path_buf(),
                     item: Some(format!("signal `{name}`")),
                     message: format!("already defined in {}", first.display()),
                 });
             } else {
-                self.signals.push((path.to_path_buf(), name, spec));
+                self.signals.push((path.to_path_buf(), line, name, spec));
             }
         }
-        self.rules.extend(file.rules.into_iter().map(|r| (path.to_path_buf(), r)));
+        self.rules
+            .extend(file.rules.into_iter().map(|r| (path.to_path_buf(), line_of(r.span().start), r.into_inner())));
     }
 }
 

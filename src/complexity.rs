@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// `[complexity]` in the policy: feature weights and saturation points.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ComplexitySpec {
     /// Weight per feature: `tokens`, `sentences`, `links`, `numbers`, `non_ascii`, `scripts`,

@@ -81,6 +81,8 @@ enum Command {
         #[arg(long)]
         policies: Option<PathBuf>,
     },
+    /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
+    PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
     /// Exits 1 and lists every problem (file and rule) if the policy is invalid.
     CheckPolicy {
@@ -107,6 +109,10 @@ fn main() -> std::process::ExitCode {
         }
         Command::Calibrate { input, config, models, bins, write } => {
             calibrate(&input, config, models, bins as usize, write.as_deref())
+        }
+        Command::PolicySchema => {
+            println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
+            Ok(())
         }
         Command::CheckPolicy { dir, against, config } => check_policy(&dir, against.as_deref(), config),
         Command::Explain { text, features, tenant, config, policies } => {

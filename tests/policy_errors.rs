@@ -75,3 +75,21 @@ fn every_problem_is_reported_at_once() {
     assert_eq!(code, Some(1));
     assert!(err.contains("3 problem(s)"), "{err}");
 }
+
+#[test]
+fn the_committed_json_schema_is_the_generated_one() {
+    let committed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("docs/policy.schema.json")).unwrap()).unwrap();
+    assert_eq!(
+        committed,
+        tiergate::policy::json_schema(),
+        "regenerate: tiergate policy-schema > docs/policy.schema.json"
+    );
+    let props = committed["properties"].as_object().unwrap();
+    for section in
+        ["actions", "cascade", "default", "routing", "complexity", "cpu", "gpu", "prompt", "signals", "rules"]
+    {
+        assert!(props.contains_key(section), "{section} in the schema");
+    }
+    assert_eq!(committed["additionalProperties"], false, "unknown keys are errors for editors too");
+}

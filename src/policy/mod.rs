@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What a decision does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     Allow,
@@ -39,7 +39,7 @@ impl Action {
 }
 
 /// `[actions]`: map a calibrated risk score to an action.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionThresholds {
     /// `risk_score >= review_at` gives at least `review`.
@@ -61,7 +61,7 @@ impl ActionThresholds {
 }
 
 /// `[cascade]`: when a model verdict stands, escalates, or hands over to rules.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Cascade {
     /// A cpu verdict with calibrated confidence below this escalates to the gpu tier when it
@@ -83,7 +83,7 @@ impl Cascade {
 }
 
 /// What to do when neither model tier can take a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WhenSaturated {
     /// Rules decide (the decision records why).
@@ -93,7 +93,7 @@ pub enum WhenSaturated {
 }
 
 /// How a signal that is unknown (never sampled, or older than its staleness limit) counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum UnknownSignal {
     /// As if within limits (fail open).
@@ -103,7 +103,7 @@ pub enum UnknownSignal {
 }
 
 /// `[routing]`: which tier a request starts on.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Routing {
     /// Complexity above this starts on the gpu tier when it is eligible.
@@ -129,7 +129,7 @@ impl Default for Routing {
 }
 
 /// `[cpu]`: when the cpu tier is too loaded to take a request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CpuLimits {
     /// Machine CPU utilisation (EWMA, [0, 1]) above which the cpu tier is not eligible.
@@ -145,7 +145,7 @@ impl Default for CpuLimits {
 }
 
 /// `[gpu]`: when the gpu tier may take a request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuLimits {
     /// Free GPU memory (MiB) below which the gpu tier is not eligible (in-process backend).
@@ -163,7 +163,7 @@ impl Default for GpuLimits {
 }
 
 /// `[signals.NAME]`: a named text signal, the number of regex matches in the text.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalSpec {
     pub patterns: Vec<String>,
@@ -173,7 +173,7 @@ pub struct SignalSpec {
 
 /// `[[rules]]`: a CEL condition with the verdict it gives. Rules are tried in order; the
 /// first that matches decides.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
     pub name: String,
@@ -187,15 +187,18 @@ pub struct RuleSpec {
 }
 
 /// `[default]`: the verdict when rules decide and no rule matches.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DefaultVerdict {
     pub action: Action,
     pub score: f64,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// One policy file. Every section is optional in a file; across a policy directory,
+/// `[actions]`, `[cascade]` and `[default]` must each be defined once.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "tiergate policy file")]
 struct PolicyFile {
     actions: Option<ActionThresholds>,
     cascade: Option<Cascade>,
@@ -206,8 +209,10 @@ struct PolicyFile {
     gpu: Option<GpuLimits>,
     prompt: Option<PromptSpec>,
     #[serde(default)]
+    #[schemars(with = "BTreeMap<String, SignalSpec>")]
     signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
     #[serde(default)]
+    #[schemars(with = "Vec<RuleSpec>")]
     rules: Vec<toml::Spanned<RuleSpec>>,
 }
 
@@ -232,6 +237,12 @@ impl fmt::Display for PolicyProblem {
             None => write!(f, ": {}", self.message),
         }
     }
+}
+
+/// The JSON Schema of a policy file (for editors: Taplo / Even Better TOML read JSON Schema).
+/// `docs/policy.schema.json` is this, committed; a test keeps the two equal.
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(PolicyFile)).unwrap_or_default()
 }
 
 /// Every problem found while loading a policy.

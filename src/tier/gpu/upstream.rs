@@ -120,7 +120,7 @@ impl UpstreamConfig {
 }
 
 /// How to ask the model; lives in the routing policy (hot-reloaded) and is passed per call.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PromptSpec {
     /// The system message.

@@ -14,9 +14,10 @@ use tiergate::{App, Gateway, Role};
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
 
-/// Tiered model router and proxy for risk-control inference: each request is classified by an
-/// in-process INT8 model with calibrated confidence, and a CEL rules engine decides when the
-/// model is unsure, out of its domain, overloaded or out of time.
+/// Tiered model router and proxy for risk-control inference: each request is rated and routed,
+/// by complexity and live CPU/GPU load, to an in-process INT8 model on the CPU or a large-model
+/// path on the GPU, with calibrated confidence; a CEL rules engine decides when the models are
+/// unsure, out of their domain, overloaded or out of time.
 #[derive(Parser)]
 #[command(name = "tiergate", version, propagate_version = true)]
 struct Cli {
@@ -26,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve `POST /v1/classify`, `/healthz`, `/readyz` and `/metrics`.
+    /// Serve `POST /v1/classify`, `/healthz`, `/readyz` and `/metrics`, and `/admin/*` on the admin
+    /// listener. Policies reload on file change, SIGHUP or `POST /admin/reload`.
     Serve {
         /// Config file (TOML). Default: config/tiergate.toml if present, else built-in defaults.
         #[arg(long, env = "TIERGATE_CONFIG")]

@@ -90,8 +90,11 @@ pub struct ModelConfig {
     pub intra_op_spinning: bool,
     /// Sessions, each driven by its own blocking worker thread.
     pub sessions: usize,
-    /// Most requests run together in one inference call (requests already waiting are batched; none is held back).
+    /// Most requests run together in one inference call.
     pub max_batch: usize,
+    /// How long the first request of a batch may wait for more to join, µs (0: only requests
+    /// already waiting join; nothing is held back).
+    pub max_queue_delay_us: u64,
     /// Bounded queue in front of the workers; a full queue sheds the request to the next stage.
     pub queue_capacity: usize,
     /// ONNX Runtime execution provider: `cpu` or `cuda`.
@@ -199,6 +202,7 @@ impl Default for ModelConfig {
             intra_op_spinning: false,
             sessions: 1,
             max_batch: 8,
+            max_queue_delay_us: 0,
             queue_capacity: 256,
             provider: Provider::Cpu,
             device_id: 0,

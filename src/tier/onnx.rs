@@ -5,8 +5,9 @@
 //! Model work never runs on the async runtime's threads (as in the TGI router): the request
 //! task enqueues a job with a oneshot reply channel and awaits it until its deadline. A full
 //! queue sheds at once (`TierError::Overloaded`) so the cascade falls back to rules instead
-//! of queueing. A worker takes every job already waiting, up to `max_batch`, into one
-//! inference call; it never holds a job back to wait for more.
+//! of queueing. A worker batches dynamically ([`next_batch`]): up to `max_batch` jobs, waiting at
+//! most `max_queue_delay_us` after the first for more to join; a batch is padded to its longest
+//! sequence, not to the model's maximum.
 
 use super::model::{ModelAssets, ModelInfo, SessionOptions, TokenCounter};
 use super::ModelVerdict;
@@ -57,12 +58,12 @@ impl OnnxPool {
             let classifier = assets.classifier(env, options)?;
             let rx = rx.clone();
             let in_flight = Arc::clone(&in_flight);
-            let max_batch = config.max_batch;
+            let (max_batch, delay) = (config.max_batch, std::time::Duration::from_micros(config.max_queue_delay_us));
             workers_alive.fetch_add(1, Ordering::Relaxed);
             let alive = AliveGuard(Arc::clone(&workers_alive));
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 let _alive = alive;
-                worker(classifier, rx, max_batch, in_flight)
+                worker(classifier, rx, max_batch, delay, in_flight)
             })?;
         }
         tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
@@ -115,16 +116,36 @@ impl OnnxPool {
     }
 }
 
-fn worker(mut classifier: super::model::Classifier, rx: Receiver<Job>, max_batch: usize, in_flight: Arc<AtomicUsize>) {
-    // Ends when the last sender (the OnnxPool) is dropped.
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < max_batch {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
+/// Forms the next batch (the dynamic batcher, after Triton's): the first job waiting, then more
+/// until `max_batch` are taken or the first has waited `max_queue_delay`, whichever comes first.
+/// With a delay of zero only jobs already waiting join. `None` when the pool is gone.
+fn next_batch(rx: &Receiver<Job>, max_batch: usize, max_queue_delay: std::time::Duration) -> Option<Vec<Job>> {
+    let first = rx.recv().ok()?;
+    let close_at = first.enqueued + max_queue_delay;
+    let mut jobs = vec![first];
+    while jobs.len() < max_batch {
+        let next = match rx.try_recv() {
+            Ok(job) => Ok(job),
+            Err(_) if Instant::now() < close_at => rx.recv_deadline(close_at).map_err(|_| ()),
+            Err(_) => Err(()),
+        };
+        match next {
+            Ok(job) => jobs.push(job),
+            Err(()) => break,
         }
+    }
+    Some(jobs)
+}
+
+fn worker(
+    mut classifier: super::model::Classifier,
+    rx: Receiver<Job>,
+    max_batch: usize,
+    max_queue_delay: std::time::Duration,
+    in_flight: Arc<AtomicUsize>,
+) {
+    // Ends when the last sender (the OnnxPool) is dropped.
+    while let Some(jobs) = next_batch(&rx, max_batch, max_queue_delay) {
         let now = Instant::now();
         // A job whose caller has gone (deadline passed) would be wasted work.
         let (live, dead): (Vec<Job>, Vec<Job>) =

@@ -32,8 +32,12 @@ fn bench(c: &mut Criterion) {
         for long in [false, true] {
             let texts = messages(long);
             assert_eq!(texts.len(), 32, "32 messages of each kind");
-            let mut group = c.benchmark_group(format!("ceiling/{}/threads{threads}", if long { "long" } else { "short" }));
-            group.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+            let mut group =
+                c.benchmark_group(format!("ceiling/{}/threads{threads}", if long { "long" } else { "short" }));
+            group
+                .sample_size(10)
+                .warm_up_time(std::time::Duration::from_millis(500))
+                .measurement_time(std::time::Duration::from_secs(2));
             for batch in [1usize, 2, 4, 8, 16, 32] {
                 group.throughput(Throughput::Elements(batch as u64));
                 let refs: Vec<&str> = texts.iter().take(batch).map(String::as_str).collect();

@@ -111,7 +111,7 @@ async fn route(app: &App, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if let Role::Admin { token } = &app.role {
-        return admin(app, &req, token.as_deref(), &path, &method).unwrap_or_else(ApiError::into_response);
+        return admin(app, &req, token.as_deref(), &path, &method).await.unwrap_or_else(ApiError::into_response);
     }
     let result = match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,
@@ -138,7 +138,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, A
     Ok(json_response(StatusCode::OK, &decision))
 }
 
-fn admin(
+async fn admin(
     app: &App,
     req: &Request<Incoming>,
     token: Option<&str>,
@@ -154,7 +154,14 @@ fn admin(
     let g = &app.gateway;
     match (path, method) {
         ("/admin/policy", &Method::GET) => Ok(json_response(StatusCode::OK, &g.policies.status())),
-        ("/admin/reload", &Method::POST) => match g.reload_policy("admin") {
+        // Reading files and compiling rules is blocking work: keep it off the async workers.
+        ("/admin/reload", &Method::POST) => match tokio::task::spawn_blocking({
+            let g = Arc::clone(g);
+            move || g.reload_policy("admin")
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("reload task: {e}")))?
+        {
             Ok(changed) => Ok(json_response(
                 StatusCode::OK,
                 &json!({

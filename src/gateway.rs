@@ -61,7 +61,7 @@ pub struct Gateway {
     tenants: Option<DefaultKeyedRateLimiter<String>>,
     gpu_backend: GpuBackend,
     /// Keeps the policy directory watches (live and shadow) alive.
-    watchers: std::sync::Mutex<Vec<notify::RecommendedWatcher>>,
+    watchers: std::sync::Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
 }
 
@@ -101,7 +101,8 @@ impl Gateway {
         if config.policies.watch {
             let weak = Arc::downgrade(&gateway);
             let debounce = Duration::from_millis(config.policies.debounce_ms);
-            let watcher = crate::policy::watch::watch(&config.policies.dir, debounce, move || {
+            let poll = Duration::from_secs(1);
+            let watcher = crate::policy::watch::watch(&config.policies.dir, debounce, poll, move || {
                 if let Some(g) = weak.upgrade() {
                     let _ = g.reload_policy("file");
                 }
@@ -109,13 +110,9 @@ impl Gateway {
             gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
             if let Some(shadow) = &gateway.shadow {
                 let weak = Arc::downgrade(&gateway);
-                let watcher = crate::policy::watch::watch(shadow.policies.dir(), debounce, move || {
-                    if let Some(s) = weak.upgrade().as_ref().and_then(|g| g.shadow.as_ref()) {
-                        match s.policies.reload() {
-                            Ok(Some(version)) => tracing::info!(%version, "shadow policy reloaded"),
-                            Ok(None) => {}
-                            Err(e) => tracing::error!(error = %e, "shadow policy refused; the last good one stays"),
-                        }
+                let watcher = crate::policy::watch::watch(shadow.policies.dir(), debounce, poll, move || {
+                    if let Some(g) = weak.upgrade() {
+                        g.reload_shadow();
                     }
                 })?;
                 gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
@@ -128,9 +125,24 @@ impl Gateway {
         Ok(gateway)
     }
 
+    /// Reloads the shadow candidate's directory, if there is one; logs the result.
+    fn reload_shadow(&self) {
+        if let Some(s) = &self.shadow {
+            match s.policies.reload() {
+                Ok(Some(version)) => tracing::info!(%version, "shadow policy reloaded"),
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "shadow policy refused; the last good one stays"),
+            }
+        }
+    }
+
     /// Reloads the policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts the
-    /// result. A refused policy changes nothing but the error report.
+    /// result. A refused policy changes nothing but the error report. SIGHUP and admin reloads
+    /// also reload the shadow candidate.
     pub fn reload_policy(&self, trigger: &'static str) -> Result<Option<String>, crate::policy::PolicyError> {
+        if trigger != "file" {
+            self.reload_shadow();
+        }
         let result = self.policies.reload();
         let outcome = match &result {
             Ok(Some(version)) => {

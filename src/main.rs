@@ -158,7 +158,15 @@ fn serve(
         config.admin.listen = a;
     }
     if let Ok(token) = std::env::var("TIERGATE_ADMIN_TOKEN") {
-        config.admin.token = Some(token).filter(|t| !t.is_empty());
+        config.admin.token = Some(token);
+    }
+    // An empty token would read as "protected" to an operator and protect nothing.
+    anyhow::ensure!(
+        config.admin.token.as_deref() != Some(""),
+        "the admin token is set but empty (admin.token or TIERGATE_ADMIN_TOKEN): set a value or unset it"
+    );
+    if !config.admin.listen.ip().is_loopback() && config.admin.token.is_none() {
+        tracing::warn!(addr = %config.admin.listen, "the admin listener is not on loopback and has no token");
     }
     if let Some(l) = listen {
         config.server.listen = l;

@@ -258,3 +258,44 @@ fn sighup_reloads_the_running_binary() {
     let exit = child.wait().unwrap();
     assert!(exit.success(), "graceful shutdown on SIGTERM exits 0: {exit:?}");
 }
+
+#[tokio::test]
+async fn the_watch_survives_the_directory_being_recreated_or_swapped() {
+    let dir = policy_dir_with("recreate", &routing("review", 0.45));
+    let (addr, admin) = server(&dir, None);
+    let version = |want: String| async move {
+        let started = Instant::now();
+        loop {
+            let d = classify(addr, json!({"text": "hello"})).await.json();
+            if d["policy_version"] == want.as_str() {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < Duration::from_secs(4), "still {} (want {want})", d["policy_version"]);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // Deleted and recreated: the old watch is gone with the directory.
+    std::fs::remove_dir_all(&dir).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("rules.toml"), RULES).unwrap();
+    write_atomic(&dir, &routing("block", 0.9));
+    version(version_of(&routing("block", 0.9))).await;
+    // A later in-place edit of the recreated directory is seen too.
+    write_in_place(&dir, &routing("allow", 0.1));
+    version(version_of(&routing("allow", 0.1))).await;
+    // Blue/green: a new directory renamed over the old path.
+    let next = scratch("recreate-next");
+    std::fs::write(next.join("rules.toml"), RULES).unwrap();
+    std::fs::write(next.join("routing.toml"), routing("review", 0.5)).unwrap();
+    let old = scratch("recreate-old");
+    std::fs::remove_dir_all(&old).unwrap();
+    std::fs::rename(&dir, &old).unwrap();
+    std::fs::rename(&next, &dir).unwrap();
+    version(version_of(&routing("review", 0.5))).await;
+    write_in_place(&dir, &routing("block", 0.9));
+    let took = version(version_of(&routing("block", 0.9))).await;
+    eprintln!("edit after a directory swap served after {} ms", took.as_millis());
+    let status = send(admin, "GET", "/admin/policy", &[], "").await.json();
+    assert!(status["last_error"].is_null(), "{status}");
+}

@@ -153,7 +153,13 @@ async fn admin(
     }
     let g = &app.gateway;
     match (path, method) {
-        ("/admin/policy", &Method::GET) => Ok(json_response(StatusCode::OK, &g.policies.status())),
+        ("/admin/policy", &Method::GET) => {
+            let mut status = json!(g.policies.status());
+            if let Some(shadow) = &g.shadow {
+                status["shadow"] = json!({"share": shadow.share, "status": shadow.policies.status()});
+            }
+            Ok(json_response(StatusCode::OK, &status))
+        }
         // Reading files and compiling rules is blocking work: keep it off the async workers.
         ("/admin/reload", &Method::POST) => match tokio::task::spawn_blocking({
             let g = Arc::clone(g);

@@ -1,44 +1,106 @@
-//! Reload triggers that watch the policy directory: file changes through `notify`, debounced.
+//! Reload triggers that watch the policy directory: file changes through `notify`, debounced,
+//! backed by a periodic fingerprint check.
 //!
 //! The directory is watched, not the files, so both an atomic rename (write a temporary file,
 //! rename it over the old one) and an in-place write (truncate, then write) are seen. Events
 //! are debounced: a reload runs once the directory has been quiet for `debounce`, so a
 //! half-written file is usually never loaded; when it is, validation refuses it and the
-//! completed write triggers the next reload.
+//! completed write triggers the next reload. A directory deleted and recreated, or swapped for
+//! another one (blue/green), takes a `notify` watch with it; so every `poll` the directory's
+//! fingerprint (its identity, and each policy file's name, size and mtime) is compared with the
+//! last one, the watch is re-armed on the new directory, and a change triggers a reload.
 
-use notify::{RecursiveMode, Watcher};
-use std::path::Path;
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// The watch; it stops when this is dropped.
+pub struct Watch {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Watches `dir` and calls `reload` (on a blocking thread) after each burst of changes.
-/// Needs a tokio runtime. The watch stops when the returned watcher is dropped.
+/// Needs a tokio runtime.
 pub fn watch(
     dir: &Path,
     debounce: Duration,
+    poll: Duration,
     reload: impl Fn() + Send + Sync + 'static,
-) -> notify::Result<notify::RecommendedWatcher> {
+) -> notify::Result<Watch> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let dir = dir.to_path_buf();
+    let mut watcher = Some(arm(&dir, tx.clone())?);
+    let reload = std::sync::Arc::new(reload);
+    let task = tokio::spawn(async move {
+        let mut last = fingerprint(&dir);
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = rx.recv() => {
+                    if event.is_none() {
+                        return;
+                    }
+                    // Debounce: wait until no event has arrived for `debounce`.
+                    while let Ok(Some(())) = tokio::time::timeout(debounce, rx.recv()).await {}
+                }
+                _ = tick.tick() => {
+                    let now = fingerprint(&dir);
+                    if now == last {
+                        continue;
+                    }
+                    if now.identity != last.identity {
+                        // The directory was replaced: watch the new one.
+                        watcher = arm(&dir, tx.clone()).map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the policy directory; polling only")).ok();
+                    }
+                }
+            }
+            last = fingerprint(&dir);
+            let reload = std::sync::Arc::clone(&reload);
+            let _ = tokio::task::spawn_blocking(move || reload()).await;
+            let _ = &watcher; // kept alive by the task
+        }
+    });
+    Ok(Watch { task })
+}
+
+fn arm(dir: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| !e.kind.is_access()) {
             let _ = tx.send(());
         }
     })?;
     watcher.watch(dir, RecursiveMode::NonRecursive)?;
-    let reload = std::sync::Arc::new(reload);
-    tokio::spawn(async move {
-        while rx.recv().await.is_some() {
-            // Debounce: wait until no event has arrived for `debounce`.
-            loop {
-                match tokio::time::timeout(debounce, rx.recv()).await {
-                    Ok(Some(())) => continue,
-                    Ok(None) => return,
-                    Err(_) => break,
-                }
-            }
-            let reload = std::sync::Arc::clone(&reload);
-            let _ = tokio::task::spawn_blocking(move || reload()).await;
-        }
-    });
     Ok(watcher)
+}
+
+/// What changes when the policy on disk changes.
+#[derive(Debug, PartialEq)]
+struct Fingerprint {
+    /// (device, inode) of the directory: a recreated or swapped directory has a new one.
+    identity: Option<(u64, u64)>,
+    files: Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
+}
+
+fn fingerprint(dir: &Path) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    let identity = std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()));
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "toml"))
+                .filter_map(|e| e.metadata().ok().map(|m| (e.path(), m.len(), m.modified().ok())))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    Fingerprint { identity, files }
 }

@@ -46,9 +46,6 @@ pub enum ApiError {
     /// 422: a policy reload was refused; the last good policy keeps serving.
     #[error("policy refused, the last good policy keeps serving: {} problem(s)", problems.len())]
     PolicyInvalid { problems: Vec<String> },
-    /// 503: the service is not ready (model not loaded).
-    #[error("not ready: {0}")]
-    NotReady(String),
     /// 408: the whole request ran past `server.request_timeout_ms` (in practice a client that
     /// sends its body too slowly or not at all: deciding is bounded by the far shorter deadline).
     #[error("request did not complete within {timeout_ms} ms; was the body sent in full?")]
@@ -73,7 +70,7 @@ impl ApiError {
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Shed { .. } | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -93,7 +90,6 @@ impl ApiError {
             ApiError::Unauthorized => "unauthorized",
             ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
-            ApiError::NotReady(_) => "not_ready",
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::Internal(_) => "internal",
         }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use tiergate::config::{GpuBackend, Provider};
 use tiergate::gateway::Sources;
+use tiergate::route::GpuMemory;
 
 const PROMPT: &str = r#"
 [prompt]
@@ -61,7 +62,7 @@ async fn upstream_server(
     cpu: &Arc<FakeCpu>,
     gpu: &Arc<FakeGpu>,
 ) -> (std::net::SocketAddr, Arc<tiergate::Gateway>) {
-    let mut c = fast_config(&policy_dir(name, routing));
+    let mut c = fast_config(&policies_with_routing(name, routing));
     c.gpu.backend = GpuBackend::Upstream;
     c.gpu.upstream.endpoints = stubs.iter().map(|s| s.url()).collect();
     c.gpu.upstream.model = "risk-judge".into();
@@ -76,14 +77,17 @@ const PHISH: &str = "Your account is locked. Confirm your password at http://sec
 #[tokio::test]
 async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     let gpu = Arc::new(FakeGpu::with_free_mb(40_000));
-    let mut c = fast_config(&policy_dir("onnx", &routing("")));
+    let mut c = fast_config(&policies_with_routing("onnx", &routing("")));
     c.gpu.backend = GpuBackend::Onnx;
     c.gpu.onnx.dir = repo().join("models");
     c.gpu.onnx.provider = Provider::Cpu; // the same path runs on the CUDA provider where there is a GPU
     c.gpu.onnx.intra_threads = 1;
-    let (addr, _) = start_with(c, sources(&idle_cpu(), &gpu));
-    eventually("a GPU reading", || true).await;
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (addr, gateway) = start_with(c, sources(&idle_cpu(), &gpu));
+    let free_mb = move |mb: u64| {
+        let g = Arc::clone(&gateway);
+        move || g.snapshot(tokio::time::Instant::now()).gpu.memory == GpuMemory::FreeMb(mb)
+    };
+    eventually("a GPU reading", free_mb(40_000)).await;
 
     let d = classify(addr, json!({"text": PHISH})).await.json();
     assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "accepted")]), "{d}");
@@ -95,7 +99,7 @@ async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     // Free GPU memory below the policy's minimum: the gpu tier is not eligible, so the cpu
     // verdict (confident enough to accept, not enough to skip escalation) stands, and says why.
     gpu.set_free_mb(1000);
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    eventually("the low GPU memory reading", free_mb(1000)).await;
     let d = classify(addr, json!({"text": PHISH})).await.json();
     assert_eq!(outcomes(&d), pairs(&[("cpu", "accepted")]), "{d}");
     let reason = d["path"][0]["reason"].as_str().unwrap();
@@ -301,9 +305,11 @@ async fn without_libcuda_the_service_starts_and_reports_the_gpu_absent() {
     assert_eq!(ready["tiers"]["gpu"]["status"], "unavailable");
     // On a CPU-only machine the real driver probe reports the GPU absent (on a GPU machine, present).
     let devices = &ready["devices"];
-    if devices["status"] == "absent" {
-        assert!(devices["reason"].as_str().unwrap().contains("CUDA"), "{ready}");
-        let d = classify(addr, json!({"text": "hello"})).await.json();
-        assert_eq!(d["path"][0]["tier"], "cpu", "routes to the cpu tier: {d}");
+    match devices["status"].as_str().unwrap() {
+        "absent" => assert!(devices["reason"].as_str().unwrap().contains("CUDA"), "{ready}"),
+        "present" | "unknown" => {}
+        other => panic!("unexpected devices status {other}: {ready}"),
     }
+    let d = classify(addr, json!({"text": "hello"})).await.json();
+    assert_eq!(d["path"][0]["tier"], "cpu", "without a gpu tier every request starts on the cpu tier: {d}");
 }

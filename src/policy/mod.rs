@@ -553,14 +553,6 @@ impl PolicyStore {
         self.current.load_full()
     }
 
-    /// Swaps in `policy` (already validated).
-    pub fn replace(&self, policy: Policy) {
-        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        status.version = policy.version.clone();
-        status.loaded_at_unix = unix_now();
-        self.current.store(Arc::new(policy));
-    }
-
     /// Reloads the policy directory. On success the new policy serves every request that
     /// starts from now on (`Ok(Some(version))`, or `Ok(None)` when the content did not change);
     /// on error nothing changes but the recorded error. Reloads are serialised.

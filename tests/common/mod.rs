@@ -168,11 +168,6 @@ impl tiergate::signals::gpu::GpuSource for FakeGpu {
     }
 }
 
-/// A policy directory: the bundled rules plus `routing` as routing.toml.
-pub fn policy_dir(name: &str, routing: &str) -> PathBuf {
-    policies_with_routing(name, routing)
-}
-
 /// Test config with fast signal sampling.
 pub fn fast_config(policies: &Path) -> Config {
     let mut c = config(policies);

@@ -136,13 +136,16 @@ impl Gateway {
         }
     }
 
-    /// Reloads the policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts the
-    /// result. A refused policy changes nothing but the error report. SIGHUP and admin reloads
-    /// also reload the shadow candidate.
+    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow candidate, then the live
+    /// policy, whose result is returned.
+    pub fn reload_all(&self, trigger: &'static str) -> Result<Option<String>, crate::policy::PolicyError> {
+        self.reload_shadow();
+        self.reload_policy(trigger)
+    }
+
+    /// Reloads the live policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts
+    /// the result. A refused policy changes nothing but the error report.
     pub fn reload_policy(&self, trigger: &'static str) -> Result<Option<String>, crate::policy::PolicyError> {
-        if trigger != "file" {
-            self.reload_shadow();
-        }
         let result = self.policies.reload();
         let outcome = match &result {
             Ok(Some(version)) => {

@@ -196,7 +196,7 @@ fn serve(
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     let g = Arc::clone(&g);
-                    let _ = tokio::task::spawn_blocking(move || g.reload_policy("sighup")).await;
+                    let _ = tokio::task::spawn_blocking(move || g.reload_all("sighup")).await;
                 }
             });
         }

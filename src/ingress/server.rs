@@ -163,7 +163,7 @@ async fn admin(
         // Reading files and compiling rules is blocking work: keep it off the async workers.
         ("/admin/reload", &Method::POST) => match tokio::task::spawn_blocking({
             let g = Arc::clone(g);
-            move || g.reload_policy("admin")
+            move || g.reload_all("admin")
         })
         .await
         .map_err(|e| ApiError::Internal(format!("reload task: {e}")))?

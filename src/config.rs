@@ -22,6 +22,10 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
+    /// Upstream client settings for `routes`.
+    pub proxy: crate::proxy::config::ProxyConfig,
+    /// Reverse-proxy routes, matched in order before tiergate's own endpoints.
+    pub routes: Vec<crate::proxy::config::RouteConfig>,
 }
 
 /// `[shadow]`: a candidate policy evaluated beside the live one without affecting answers.
@@ -227,6 +231,8 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             admin: AdminConfig::default(),
             shadow: ShadowConfig::default(),
+            proxy: Default::default(),
+            routes: Vec::new(),
         }
     }
 }
@@ -235,7 +241,7 @@ impl Config {
     /// Reads and validates a config file; relative paths become relative to its directory.
     pub fn load(path: &Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("reading config {}: {e}", path.display()))?;
-        let mut config: Config = toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        let mut config = Config::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.model.dir = base.join(&config.model.dir);
         config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
@@ -245,6 +251,24 @@ impl Config {
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
         config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
         Ok(config)
+    }
+
+    /// Parses config text: TOML, then `${VAR}` / `${VAR:-default}` in string values replaced
+    /// from the environment (`$${` is a literal `${`), then the typed config. Errors name the
+    /// key (`routes[0].upstream[0]: ...`); TOML syntax errors carry the line.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        for (key, value) in table.iter_mut() {
+            interpolate(value, key)?;
+        }
+        serde_path_to_error::deserialize(table).map_err(|e| {
+            let at = e.path().to_string();
+            if at == "." {
+                e.inner().to_string()
+            } else {
+                format!("{at}: {}", e.inner())
+            }
+        })
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -277,9 +301,95 @@ impl Config {
         if self.gpu.backend == GpuBackend::Upstream {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
+        crate::proxy::Proxy::new(&self.proxy, &self.routes)?;
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());
         }
         Ok(())
+    }
+}
+
+/// Replaces `${VAR}` and `${VAR:-default}` in every string under `value`; `at` is its key path.
+fn interpolate(value: &mut toml::Value, at: &str) -> Result<(), String> {
+    match value {
+        toml::Value::String(s) => {
+            *s = expand_env(s, |name| std::env::var(name).ok()).map_err(|e| format!("{at}: {e}"))?
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                interpolate(item, &format!("{at}[{i}]"))?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (key, item) in table.iter_mut() {
+                interpolate(item, &format!("{at}.{key}"))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Shell-style expansion of `${NAME}` and `${NAME:-default}` (the default when unset or empty);
+/// `$${` stays a literal `${`. An unset variable without a default is an error.
+fn expand_env(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i..];
+        if let Some(literal) = after.strip_prefix("$${") {
+            out.push_str("${");
+            rest = literal;
+        } else if let Some(inner) = after.strip_prefix("${") {
+            let end = inner.find('}').ok_or_else(|| format!("unclosed `${{` in `{s}`"))?;
+            let (name, default) = match inner[..end].split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (&inner[..end], None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("`${{{}}}` is not a variable name", &inner[..end]));
+            }
+            match (lookup(name).filter(|v| !v.is_empty()), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    return Err(format!(
+                        "environment variable `{name}` is not set (write `${{{name}:-default}}` for a default)"
+                    ))
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_expansion() {
+        let env = |name: &str| (name == "APP").then(|| "http://127.0.0.1:3000".to_string());
+        assert_eq!(expand_env("${APP}", env).unwrap(), "http://127.0.0.1:3000");
+        assert_eq!(expand_env("x ${NOPE:-d} $${APP} $5", env).unwrap(), "x d ${APP} $5");
+        assert!(expand_env("${NOPE}", env).unwrap_err().contains("`NOPE` is not set"));
+        assert!(expand_env("${APP", env).unwrap_err().contains("unclosed"));
+        assert!(expand_env("${A-B}", env).unwrap_err().contains("not a variable name"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = Config::parse("[[routes]]\nname = \"r\"\nupstream = [\"${TIERGATE_TEST_UNSET_VAR}\"]").unwrap_err();
+        assert!(err.starts_with("routes[0].upstream[0]: environment variable"), "{err}");
+        let err = Config::parse("[server]\nmax_body_bytes = \"big\"").unwrap_err();
+        assert!(err.starts_with("server.max_body_bytes: invalid type"), "{err}");
+        let err = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\nbogus = 1").unwrap_err();
+        assert!(err.contains("unknown field `bogus`"), "{err}");
     }
 }

@@ -50,6 +50,19 @@ pub enum ApiError {
     /// sends its body too slowly or not at all: deciding is bounded by the far shorter deadline).
     #[error("request did not complete within {timeout_ms} ms; was the body sent in full?")]
     Timeout { timeout_ms: u64 },
+    /// 400: message framing that request smuggling relies on: `Content-Length` together with
+    /// `Transfer-Encoding`, or more than one `Content-Length` (RFC 9112 §6.3).
+    #[error("ambiguous message framing: {0}")]
+    BadFraming(String),
+    /// 403: a screened route's decision blocks the request; the body carries the decision.
+    #[error("blocked by policy ({})", .0.rule.as_deref().unwrap_or(.0.tier.as_str()))]
+    Blocked(Box<crate::decision::Decision>),
+    /// 502: the app could not be reached or did not answer properly.
+    #[error("upstream of route `{route}` failed: {reason}")]
+    BadGateway { route: String, reason: String },
+    /// 504: the app sent no response head within the route's `response_header_timeout_ms`.
+    #[error("upstream of route `{route}` sent no response within {timeout_ms} ms")]
+    GatewayTimeout { route: String, timeout_ms: u64 },
     /// 500: a bug; logged with the request id.
     #[error("internal error: {0}")]
     Internal(String),
@@ -62,7 +75,10 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MalformedJson(_) | ApiError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) => StatusCode::BAD_REQUEST,
+            ApiError::Blocked(_) => StatusCode::FORBIDDEN,
+            ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -91,6 +107,10 @@ impl ApiError {
             ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
             ApiError::Timeout { .. } => "request_timeout",
+            ApiError::BadFraming(_) => "bad_framing",
+            ApiError::Blocked(_) => "blocked",
+            ApiError::BadGateway { .. } => "bad_gateway",
+            ApiError::GatewayTimeout { .. } => "upstream_timeout",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -114,7 +134,11 @@ impl ApiError {
         if let ApiError::PolicyInvalid { problems } = &self {
             error["problems"] = json!(problems);
         }
-        let mut response = json_response(self.status(), &json!({ "error": error }));
+        let mut body = json!({ "error": error });
+        if let ApiError::Blocked(decision) = &self {
+            body["decision"] = json!(decision);
+        }
+        let mut response = json_response(self.status(), &body);
         match self {
             ApiError::MethodNotAllowed { allowed, .. } => {
                 response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed));

@@ -6,6 +6,7 @@
 //! (CEL fallback) -> [`decision`] (the response), with [`policy`] and [`signals`] as inputs
 //! and [`metrics`] on the side. [`error`] is the one place errors become HTTP responses.
 
+pub mod balance;
 pub mod calibrate;
 pub mod complexity;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod ingress;
 pub mod metrics;
 pub mod ort_lib;
 pub mod policy;
+pub mod proxy;
 pub mod route;
 pub mod rules;
 pub mod signals;

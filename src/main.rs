@@ -10,7 +10,7 @@ use tiergate::config::Config;
 use tiergate::gateway::Sources;
 use tiergate::policy::Policy;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::{App, Gateway, Role};
+use tiergate::{App, Gateway};
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
 
@@ -200,12 +200,8 @@ fn serve(
                 }
             });
         }
-        let admin = Arc::new(App {
-            gateway: Arc::clone(&gateway),
-            limits: config.server.clone(),
-            role: Role::Admin { token: config.admin.token.clone() },
-        });
-        let app = Arc::new(App { gateway, limits: config.server.clone(), role: Role::Public });
+        let admin = Arc::new(App::admin(Arc::clone(&gateway), &config));
+        let app = Arc::new(App::public(gateway, &config).map_err(anyhow::Error::msg)?);
         let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(tiergate::serve(admin_listener, admin, async {
             let _ = admin_stopped.await;

@@ -56,6 +56,14 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+/// Proxied requests by route and outcome (`forwarded`, `blocked`, `unscreened`, `refused`,
+/// `upstream_error`, `upstream_timeout`), and stream-guard cuts by route.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub decisions: Family<DecisionLabels, Counter>,
@@ -79,6 +87,9 @@ pub struct Metrics {
     pub policy_reloads: Family<ReloadLabels, Counter>,
     pub shadow_evaluations: Counter,
     pub shadow_disagreements: Family<KindLabels, Counter>,
+    pub proxy_requests: Family<RouteLabels, Counter>,
+    pub proxy_upstream_latency: Family<RouteLabels, Histogram>,
+    pub stream_guard: Family<RouteLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -114,6 +125,26 @@ impl Metrics {
         let policy_reloads = Family::<ReloadLabels, Counter>::default();
         let shadow_evaluations = Counter::default();
         let shadow_disagreements = Family::<KindLabels, Counter>::default();
+        let proxy_requests = Family::<RouteLabels, Counter>::default();
+        let proxy_upstream_latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(50e-6, 2.0, 20))
+        });
+        let stream_guard = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "proxy_requests",
+            "Proxied requests by route and outcome (forwarded, blocked, unscreened, refused, upstream_error, upstream_timeout)",
+            proxy_requests.clone(),
+        );
+        registry.register(
+            "proxy_upstream_header_seconds",
+            "Time from sending a proxied request to the app's response head, by route and status class",
+            proxy_upstream_latency.clone(),
+        );
+        registry.register(
+            "stream_guard_evaluations",
+            "Stream-guard evaluations of streamed responses by route and outcome (pass, cut)",
+            stream_guard.clone(),
+        );
         registry.register(
             "shadow_evaluations",
             "Requests also decided by the shadow policy",
@@ -174,6 +205,9 @@ impl Metrics {
             policy_reloads,
             shadow_evaluations,
             shadow_disagreements,
+            proxy_requests,
+            proxy_upstream_latency,
+            stream_guard,
         }
     }
 

@@ -1,11 +1,12 @@
 //! The HTTP server: hyper (HTTP/1.1 and HTTP/2) under a tower stack
 //! (request id -> trace), the whole-request timeout, the routes, and graceful shutdown.
 
-use crate::config::ServerConfig;
+use crate::config::{Config, ServerConfig};
 use crate::error::{json_response, ApiError};
 use crate::gateway::Gateway;
 use crate::ingress::extract;
 use crate::metrics::ResponseLabels;
+use crate::proxy::{boxed, PeerAddr, Proxy};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -23,7 +24,7 @@ use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub type Body = Full<Bytes>;
+pub use crate::proxy::BoxBody as Body;
 
 /// What the request handlers share.
 pub struct App {
@@ -32,11 +33,25 @@ pub struct App {
     pub role: Role,
 }
 
+impl App {
+    /// The public listener's app: the configured `[[routes]]`, then tiergate's own endpoints.
+    pub fn public(gateway: Arc<Gateway>, config: &Config) -> Result<App, String> {
+        let proxy = Proxy::new(&config.proxy, &config.routes)?;
+        Ok(App { gateway, limits: config.server.clone(), role: Role::Public { proxy } })
+    }
+
+    /// The admin listener's app (`[admin]`).
+    pub fn admin(gateway: Arc<Gateway>, config: &Config) -> App {
+        App { gateway, limits: config.server.clone(), role: Role::Admin { token: config.admin.token.clone() } }
+    }
+}
+
 /// Which routes a listener serves. Admin routes are never served on the public listener.
 pub enum Role {
-    /// `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
-    Public,
-    /// `/admin/policy`, `/admin/reload`, `/healthz`; with a bearer token when one is set.
+    /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
+    Public { proxy: Option<Proxy> },
+    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and the
+    /// unauthenticated probes `/healthz`, `/readyz`, `/metrics`.
     Admin { token: Option<String> },
 }
 
@@ -44,19 +59,6 @@ pub enum Role {
 /// requests finish for up to `limits.shutdown_grace_ms`.
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     let limits = app.limits.clone();
-    let handler = {
-        let app = Arc::clone(&app);
-        tower::service_fn(move |req: Request<Incoming>| {
-            let app = Arc::clone(&app);
-            async move { Ok::<_, Infallible>(handle(&app, req).await) }
-        })
-    };
-    let service = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
-        .service(handler);
-
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms));
     builder.http2().timer(TokioTimer::new());
@@ -75,7 +77,22 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone())).into_owned();
+                // One service per connection: the client's address travels with each of its
+                // requests (X-Forwarded-For).
+                let handler = {
+                    let app = Arc::clone(&app);
+                    tower::service_fn(move |mut req: Request<Incoming>| {
+                        req.extensions_mut().insert(PeerAddr(peer));
+                        let app = Arc::clone(&app);
+                        async move { Ok::<_, Infallible>(handle(&app, req).await) }
+                    })
+                };
+                let service = ServiceBuilder::new()
+                    .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                    .layer(PropagateRequestIdLayer::x_request_id())
+                    .layer(TraceLayer::new_for_http())
+                    .service(handler);
+                let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
@@ -97,21 +114,64 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     Ok(())
 }
 
-/// Routes one request under the whole-request timeout (which also bounds slow-body clients).
+/// Refuses ambiguous framing, then hands the request to its proxy route (which applies the
+/// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
+/// bounds slow-body clients).
 async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
-    let timeout_ms = app.limits.request_timeout_ms;
-    let response = tokio::time::timeout(Duration::from_millis(timeout_ms), route(app, req))
-        .await
-        .unwrap_or_else(|_| ApiError::Timeout { timeout_ms }.into_response());
+    let response = if let Err(e) = check_framing(req.headers()) {
+        boxed(e.into_response())
+    } else if let Role::Public { proxy: Some(proxy) } = &app.role {
+        match proxy.route(&req) {
+            Some(route) => proxy.handle(&app.gateway, &app.limits, route, req).await,
+            None => own_endpoints(app, req).await,
+        }
+    } else {
+        own_endpoints(app, req).await
+    };
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
 }
 
-async fn route(app: &App, req: Request<Incoming>) -> Response<Body> {
+/// Request smuggling defence (RFC 9112 §6.3): a message with both `Content-Length` and
+/// `Transfer-Encoding`, or with several `Content-Length` values, is refused rather than
+/// interpreted, since the next hop might interpret it differently. hyper already refuses
+/// conflicting `Content-Length` values and a `Transfer-Encoding` that does not end in `chunked`.
+fn check_framing(headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+    if lengths > 1 {
+        return Err(ApiError::BadFraming(format!("{lengths} Content-Length headers")));
+    }
+    if lengths == 1 && headers.contains_key(header::TRANSFER_ENCODING) {
+        return Err(ApiError::BadFraming("both Content-Length and Transfer-Encoding".into()));
+    }
+    Ok(())
+}
+
+async fn own_endpoints(app: &App, req: Request<Incoming>) -> Response<Body> {
+    let timeout_ms = app.limits.request_timeout_ms;
+    let response = tokio::time::timeout(Duration::from_millis(timeout_ms), route(app, req))
+        .await
+        .unwrap_or_else(|_| ApiError::Timeout { timeout_ms }.into_response());
+    boxed(response)
+}
+
+async fn route(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if let Role::Admin { token } = &app.role {
-        return admin(app, &req, token.as_deref(), &path, &method).await.unwrap_or_else(ApiError::into_response);
+        // Probes and scrapes need no token: they change nothing and kubelet/Prometheus carry none.
+        match (path.as_str(), &method) {
+            ("/healthz", &Method::GET | &Method::HEAD) => {
+                return json_response(StatusCode::OK, &json!({"status": "ok"}))
+            }
+            ("/readyz", &Method::GET | &Method::HEAD) => return readyz(app),
+            ("/metrics", &Method::GET) => return metrics(app),
+            _ => {}
+        }
+        if let Err(e) = authorize(req.headers(), token.as_deref()) {
+            return e.into_response();
+        }
+        return admin(app, &path, &method).await.unwrap_or_else(ApiError::into_response);
     }
     let result = match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,
@@ -127,7 +187,7 @@ async fn route(app: &App, req: Request<Incoming>) -> Response<Body> {
     result.unwrap_or_else(ApiError::into_response)
 }
 
-async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     let (parts, body) = req.into_parts();
     extract::require_json(&parts.headers)?;
     let bytes = extract::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
@@ -138,19 +198,18 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Body>, A
     Ok(json_response(StatusCode::OK, &decision))
 }
 
-async fn admin(
-    app: &App,
-    req: &Request<Incoming>,
-    token: Option<&str>,
-    path: &str,
-    method: &Method,
-) -> Result<Response<Body>, ApiError> {
+/// Checks the bearer token when one is set.
+fn authorize(headers: &http::HeaderMap, token: Option<&str>) -> Result<(), ApiError> {
     if let Some(token) = token {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
         if !constant_time_eq(given.as_bytes(), format!("Bearer {token}").as_bytes()) {
             return Err(ApiError::Unauthorized);
         }
     }
+    Ok(())
+}
+
+async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<Bytes>>, ApiError> {
     let g = &app.gateway;
     match (path, method) {
         ("/admin/policy", &Method::GET) => {
@@ -177,7 +236,6 @@ async fn admin(
             )),
             Err(e) => Err(ApiError::PolicyInvalid { problems: e.0.iter().map(|p| p.to_string()).collect() }),
         },
-        ("/healthz", &Method::GET) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         ("/admin/policy", _) => {
             Err(ApiError::MethodNotAllowed { method: method.to_string(), path: path.into(), allowed: "GET" })
         }
@@ -193,7 +251,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn readyz(app: &App) -> Response<Body> {
+fn readyz(app: &App) -> Response<Full<Bytes>> {
     let g = &app.gateway;
     let policy = g.policies.snapshot();
     let cpu_ready = g.cpu.workers_alive() > 0;
@@ -216,7 +274,7 @@ fn readyz(app: &App) -> Response<Body> {
             v
         }
     };
-    let body = json!({
+    let mut body = json!({
         "status": if cpu_ready { "ready" } else { "not_ready" },
         "policy_version": policy.version,
         "model": g.cpu.info(),
@@ -236,10 +294,13 @@ fn readyz(app: &App) -> Response<Body> {
         },
         "signals": snapshot,
     });
+    if let Role::Public { proxy: Some(proxy) } = &app.role {
+        body["routes"] = proxy.status();
+    }
     json_response(if cpu_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
 }
 
-fn metrics(app: &App) -> Response<Body> {
+fn metrics(app: &App) -> Response<Full<Bytes>> {
     let g = &app.gateway;
     let m = &g.metrics;
     let now = tokio::time::Instant::now();

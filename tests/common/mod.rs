@@ -62,7 +62,7 @@ pub fn start_with_admin(
                 role: tiergate::Role::Admin { token },
             });
             tokio::spawn(tiergate::serve(admin_listener, admin, std::future::pending()));
-            let app = Arc::new(App { gateway, limits: config.server.clone(), role: tiergate::Role::Public });
+            let app = Arc::new(App::public(gateway, &config).expect("valid routes"));
             tiergate::serve(listener, app, std::future::pending()).await.unwrap();
         });
     });

@@ -22,8 +22,7 @@
 //! There are no retries here on purpose: the caller's cascade falls back to the rules engine,
 //! which never waits, and a retry would spend the deadline that fallback needs.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,16 +36,13 @@ use serde_json::{json, Value};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::balance::{Balancer, BalancerConfig, MemberStatus, Readmit};
 use crate::error::TierError;
 use crate::tier::ModelVerdict;
 
 /// Largest response body read from a model server (answers are a few hundred bytes; vLLM's
 /// `/metrics` is a few hundred KiB). Anything longer is a failure, never an allocation.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
-
-/// Latency assumed for an endpoint before its first response, while its probe request is in
-/// flight (see `Endpoint::cost`); the first real sample replaces it (see `Ewma::observe`).
-const INITIAL_RTT_MS: f64 = 50.0;
 
 /// The OpenAI chat-completions path, appended to each endpoint's base URL.
 const CHAT_PATH: &str = "/v1/chat/completions";
@@ -189,23 +185,19 @@ impl PromptSpec {
 /// One endpoint as [`UpstreamPool::endpoints`] reports it (for `/admin` and tests).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EndpointStatus {
-    pub url: String,
-    /// The last health check passed (endpoints start healthy, before the first check).
-    pub healthy: bool,
-    /// Out after consecutive failures, until `eject_ms` has passed and a health check passes.
-    pub ejected: bool,
-    /// The load-balancing latency estimate, decayed to now.
-    pub ewma_latency_ms: f64,
-    /// Requests in flight.
-    pub outstanding: usize,
-    pub consecutive_failures: u32,
-    /// Requests sent, all time.
-    pub requests: u64,
-    /// Requests failed, all time.
-    pub failures: u64,
+    /// Health, ejection, latency estimate and request counts.
+    #[serde(flatten)]
+    pub balance: MemberStatus,
     /// From the last scrape of `metrics_path`; `None` when not scraped, absent or failed.
     pub kv_cache_usage: Option<f64>,
     pub requests_waiting: Option<f64>,
+}
+
+impl std::ops::Deref for EndpointStatus {
+    type Target = MemberStatus;
+    fn deref(&self) -> &MemberStatus {
+        &self.balance
+    }
 }
 
 /// Which probability the verdict was built from (see [`parse_completion`]).
@@ -429,49 +421,6 @@ pub fn parse_vllm_metrics(text: &str) -> (Option<f64>, Option<f64>) {
     (usage, waiting)
 }
 
-/// Peak-sensitive, time-decayed latency estimate: linkerd2-proxy's PeakEWMA (tower's
-/// `tower::load::PeakEwma`). The load-balancing cost of an endpoint is
-/// `estimate × (outstanding + 1)`, so both a slow endpoint and a busy one look expensive.
-///
-/// * A sample above the current estimate replaces it at once (the "peak"): a server that
-///   slows down is avoided after one slow answer, not after many.
-/// * A lower sample is blended in with weight `1 - exp(-elapsed / decay)`, `elapsed` being the
-///   time since the previous sample: the average is over time, not over a number of answers.
-/// * While no answer arrives the estimate decays toward zero (read as
-///   `estimate × exp(-idle / decay)`), so an endpoint that was slow is eventually tried again.
-/// * Before its first answer an endpoint is "unmeasured": it gets one probe request at the
-///   first chance, and the first sample replaces the placeholder whatever it is.
-#[derive(Debug, Clone)]
-struct Ewma {
-    estimate_ms: f64,
-    updated: Instant,
-    measured: bool,
-}
-
-impl Ewma {
-    fn new(estimate_ms: f64, now: Instant) -> Self {
-        Ewma { estimate_ms, updated: now, measured: false }
-    }
-
-    fn current(&self, now: Instant, decay_ms: f64) -> f64 {
-        let idle = now.saturating_duration_since(self.updated).as_secs_f64() * 1e3;
-        self.estimate_ms * (-idle / decay_ms).exp()
-    }
-
-    fn observe(&mut self, rtt_ms: f64, now: Instant, decay_ms: f64) {
-        let current = self.current(now, decay_ms);
-        if !self.measured || rtt_ms > current {
-            self.estimate_ms = rtt_ms;
-        } else {
-            let elapsed = now.saturating_duration_since(self.updated).as_secs_f64() * 1e3;
-            let weight = (-elapsed / decay_ms).exp();
-            self.estimate_ms = self.estimate_ms * weight + rtt_ms * (1.0 - weight);
-        }
-        self.measured = true;
-        self.updated = now;
-    }
-}
-
 /// Request, health and metrics URIs of one endpoint.
 struct EndpointUris {
     chat: Uri,
@@ -507,159 +456,31 @@ impl EndpointUris {
     }
 }
 
-/// The mutable part of an endpoint; every critical section is a few field updates.
-struct State {
-    healthy: bool,
-    ejected_until: Option<Instant>,
-    consecutive_failures: u32,
-    rtt: Ewma,
-    kv_cache_usage: Option<f64>,
-    requests_waiting: Option<f64>,
-}
-
+/// An endpoint's URIs and its last vLLM metrics scrape; its load-balancing state is in the
+/// [`Balancer`] at the same index.
 struct Endpoint {
-    url: String,
     uris: EndpointUris,
-    outstanding: AtomicUsize,
-    requests: AtomicU64,
-    failures: AtomicU64,
-    state: Mutex<State>,
+    /// (KV-cache usage, requests waiting) from the last scrape.
+    scraped: Mutex<(Option<f64>, Option<f64>)>,
 }
 
 impl Endpoint {
-    fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock cannot leave the fields inconsistent (plain stores),
-        // so a poisoned lock is still good to use.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn eligible(&self) -> bool {
-        let state = self.state();
-        state.healthy && state.ejected_until.is_none()
-    }
-
-    /// P2C cost: decayed EWMA latency × (requests in flight + 1). An endpoint not measured yet
-    /// (new, or back from ejection) costs nothing while it has no request in flight, so it gets
-    /// one probe request at the first chance, instead of waiting for its placeholder estimate
-    /// to decay below the measured peers'.
-    fn cost(&self, now: Instant, decay_ms: f64) -> f64 {
-        let outstanding = self.outstanding.load(Ordering::Relaxed);
-        let state = self.state();
-        if !state.rtt.measured && outstanding == 0 {
-            return 0.0;
-        }
-        state.rtt.current(now, decay_ms) * (outstanding as f64 + 1.0)
-    }
-}
-
-/// Counts a request in flight for as long as it lives (also when the caller drops the call).
-struct InFlight<'a>(&'a Endpoint);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    fn scraped(&self) -> (Option<f64>, Option<f64>) {
+        *self.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 /// What the pool and its background tasks share.
 struct Shared {
     endpoints: Vec<Endpoint>,
+    balancer: Balancer,
     client: Client<HttpConnector, Full<Bytes>>,
     model: String,
-    eject_after_failures: u32,
-    eject: Duration,
-    decay_ms: f64,
     health_interval: Duration,
     health_timeout: Duration,
 }
 
 impl Shared {
-    /// Power of two choices among eligible endpoints.
-    fn pick(&self) -> Result<&Endpoint, TierError> {
-        let eligible: Vec<usize> = (0..self.endpoints.len()).filter(|&i| self.endpoints[i].eligible()).collect();
-        let chosen = match eligible.len() {
-            0 => {
-                let ejected = self.endpoints.iter().filter(|e| e.state().ejected_until.is_some()).count();
-                return Err(TierError::Unavailable(format!("no healthy upstream endpoint ({ejected} ejected)")));
-            }
-            1 => eligible[0],
-            n => {
-                let a = fastrand::usize(..n);
-                let mut b = fastrand::usize(..n - 1);
-                if b >= a {
-                    b += 1;
-                }
-                let now = Instant::now();
-                let (a, b) = (eligible[a], eligible[b]);
-                if self.endpoints[b].cost(now, self.decay_ms) < self.endpoints[a].cost(now, self.decay_ms) {
-                    b
-                } else {
-                    a
-                }
-            }
-        };
-        Ok(&self.endpoints[chosen])
-    }
-
-    /// Records a finished request: latency into the EWMA, failures toward ejection.
-    fn record(&self, endpoint: &Endpoint, ok: bool, elapsed: Duration) {
-        let now = Instant::now();
-        if !ok {
-            endpoint.failures.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut state = endpoint.state();
-        state.rtt.observe(elapsed.as_secs_f64() * 1e3, now, self.decay_ms);
-        if ok {
-            state.consecutive_failures = 0;
-        } else {
-            self.count_failure(endpoint, &mut state, now, "request");
-        }
-    }
-
-    fn count_failure(&self, endpoint: &Endpoint, state: &mut State, now: Instant, what: &str) {
-        state.consecutive_failures = state.consecutive_failures.saturating_add(1);
-        if state.consecutive_failures >= self.eject_after_failures && state.ejected_until.is_none() {
-            state.ejected_until = Some(now + self.eject);
-            tracing::warn!(
-                endpoint = %endpoint.url,
-                failures = state.consecutive_failures,
-                last = what,
-                eject_ms = self.eject.as_millis() as u64,
-                "upstream endpoint ejected"
-            );
-        }
-    }
-
-    /// Applies one health-check result. A pass re-admits an ejected endpoint whose ejection
-    /// time is over, with a fresh latency estimate; it does not reset the failure count
-    /// otherwise, so a server whose `/health` passes while its completions fail still gets
-    /// ejected.
-    fn on_health(&self, index: usize, passed: bool) {
-        let endpoint = &self.endpoints[index];
-        let now = Instant::now();
-        let mut state = endpoint.state();
-        if passed {
-            if !state.healthy {
-                tracing::info!(endpoint = %endpoint.url, "upstream endpoint passes health checks again");
-            }
-            state.healthy = true;
-            if state.ejected_until.is_some_and(|until| now >= until) {
-                state.ejected_until = None;
-                state.consecutive_failures = 0;
-                // The old estimate is stale: start unmeasured, so that the endpoint gets a probe
-                // request at once (see `Endpoint::cost`) and a fresh estimate from its answer.
-                state.rtt = Ewma::new(INITIAL_RTT_MS, now);
-                tracing::info!(endpoint = %endpoint.url, "upstream endpoint re-admitted");
-            }
-        } else {
-            if state.healthy {
-                tracing::warn!(endpoint = %endpoint.url, "upstream endpoint fails health checks");
-            }
-            state.healthy = false;
-            self.count_failure(endpoint, &mut state, now, "health check");
-        }
-    }
-
     /// GET `uri` with a timeout; `Ok(body)` for a 2xx status.
     async fn get(&self, uri: &Uri) -> Result<Bytes, String> {
         let request = Request::get(uri.clone()).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
@@ -680,35 +501,35 @@ impl Shared {
 
     async fn check(&self, index: usize) {
         let endpoint = &self.endpoints[index];
+        let url = self.balancer.url(index);
         let result = self.get(&endpoint.uris.health).await;
         if let Err(e) = &result {
-            tracing::debug!(endpoint = %endpoint.url, error = %e, "health check failed");
+            tracing::debug!(endpoint = %url, error = %e, "health check failed");
         }
-        self.on_health(index, result.is_ok());
+        self.balancer.on_health(index, result.is_ok());
         if let Some(metrics) = &endpoint.uris.metrics {
             // A failed scrape clears the values: stale KV-cache numbers would overstate headroom.
             let (usage, waiting) = match self.get(metrics).await {
                 Ok(body) => parse_vllm_metrics(&String::from_utf8_lossy(&body)),
                 Err(e) => {
-                    tracing::debug!(endpoint = %endpoint.url, error = %e, "metrics scrape failed");
+                    tracing::debug!(endpoint = %url, error = %e, "metrics scrape failed");
                     (None, None)
                 }
             };
-            let mut state = endpoint.state();
-            state.kv_cache_usage = usage;
-            state.requests_waiting = waiting;
+            *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (usage, waiting);
         }
     }
 
     /// One HTTP exchange with `endpoint`; the caller bounds it by the deadline.
-    async fn ask(&self, endpoint: &Endpoint, body: Bytes, prompt: &PromptSpec) -> Result<ParsedCompletion, TierError> {
-        let request = Request::post(endpoint.uris.chat.clone())
+    async fn ask(&self, index: usize, body: Bytes, prompt: &PromptSpec) -> Result<ParsedCompletion, TierError> {
+        let url = self.balancer.url(index);
+        let request = Request::post(self.endpoints[index].uris.chat.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json")
             .body(Full::new(body))
-            .map_err(|e| TierError::Inference(format!("{}: cannot build request: {e}", endpoint.url)))?;
+            .map_err(|e| TierError::Inference(format!("{}: cannot build request: {e}", url)))?;
         let response = self.client.request(request).await.map_err(|e| {
-            let message = format!("{}: {}", endpoint.url, error_chain(&e));
+            let message = format!("{}: {}", url, error_chain(&e));
             if e.is_connect() {
                 TierError::Unavailable(message)
             } else {
@@ -718,12 +539,12 @@ impl Shared {
         let status = response.status();
         let bytes = read_capped(response.into_body())
             .await
-            .map_err(|e| TierError::Inference(format!("{}: status {status}, {e}", endpoint.url)))?;
+            .map_err(|e| TierError::Inference(format!("{}: status {status}, {e}", url)))?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes);
-            return Err(TierError::Inference(format!("{} answered {status}: {}", endpoint.url, snippet(text.trim()))));
+            return Err(TierError::Inference(format!("{} answered {status}: {}", url, snippet(text.trim()))));
         }
-        parse_completion(&bytes, prompt).map_err(|e| TierError::Inference(format!("{}: {e}", endpoint.url)))
+        parse_completion(&bytes, prompt).map_err(|e| TierError::Inference(format!("{}: {e}", url)))
     }
 }
 
@@ -778,27 +599,21 @@ impl UpstreamPool {
         config.validate().map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| anyhow::anyhow!("upstream pool: must be started inside a tokio runtime"))?;
-        let now = Instant::now();
         let mut endpoints = Vec::with_capacity(config.endpoints.len());
         for url in &config.endpoints {
             let uris = EndpointUris::parse(url, &config.health_path, config.metrics_path.as_deref())
                 .map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
-            endpoints.push(Endpoint {
-                url: url.trim().trim_end_matches('/').to_string(),
-                uris,
-                outstanding: AtomicUsize::new(0),
-                requests: AtomicU64::new(0),
-                failures: AtomicU64::new(0),
-                state: Mutex::new(State {
-                    healthy: true,
-                    ejected_until: None,
-                    consecutive_failures: 0,
-                    rtt: Ewma::new(INITIAL_RTT_MS, now),
-                    kv_cache_usage: None,
-                    requests_waiting: None,
-                }),
-            });
+            endpoints.push(Endpoint { uris, scraped: Mutex::new((None, None)) });
         }
+        let balancer = Balancer::new(
+            config.endpoints.iter().map(|url| url.trim().trim_end_matches('/').to_string()),
+            BalancerConfig {
+                eject_after_failures: config.eject_after_failures,
+                eject: Duration::from_millis(config.eject_ms),
+                decay_ms: config.ewma_decay_ms as f64,
+                readmit: Readmit::HealthCheck,
+            },
+        );
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
@@ -809,11 +624,9 @@ impl UpstreamPool {
         let health_interval = Duration::from_millis(config.health_interval_ms);
         let shared = Arc::new(Shared {
             endpoints,
+            balancer,
             client,
             model: config.model.clone(),
-            eject_after_failures: config.eject_after_failures,
-            eject: Duration::from_millis(config.eject_ms),
-            decay_ms: config.ewma_decay_ms as f64,
             health_interval,
             // A probe may take up to one interval (at least the connect timeout, at most 5 s).
             health_timeout: health_interval
@@ -859,17 +672,17 @@ impl UpstreamPool {
             return Err(TierError::DeadlineExceeded { waited_us: 0 });
         }
         let shared = &*self.shared;
-        let endpoint = shared.pick()?;
-        endpoint.outstanding.fetch_add(1, Ordering::Relaxed);
-        endpoint.requests.fetch_add(1, Ordering::Relaxed);
-        let _in_flight = InFlight(endpoint);
+        let pick = shared
+            .balancer
+            .pick(None)
+            .map_err(|e| TierError::Unavailable(format!("no healthy upstream endpoint ({} ejected)", e.ejected)))?;
         // Serialising a `Value` of strings and numbers cannot fail.
         let body = Bytes::from(serde_json::to_vec(&prompt.request_body(&shared.model, text)).unwrap_or_default());
-        let outcome = tokio::time::timeout_at(deadline, shared.ask(endpoint, body, prompt)).await;
+        let outcome = tokio::time::timeout_at(deadline, shared.ask(pick.index, body, prompt)).await;
         let elapsed = start.elapsed();
         match outcome {
             Ok(Ok(parsed)) => {
-                shared.record(endpoint, true, elapsed);
+                pick.record(true);
                 let (risk_score, confidence) = parsed.scores();
                 Ok(ModelVerdict {
                     risk_score,
@@ -879,15 +692,15 @@ impl UpstreamPool {
                     queue_us: 0,
                     infer_us: elapsed.as_micros() as u64,
                     batch_size: 1,
-                    endpoint: Some(endpoint.url.clone()),
+                    endpoint: Some(pick.url().to_string()),
                 })
             }
             Ok(Err(e)) => {
-                shared.record(endpoint, false, elapsed);
+                pick.record(false);
                 Err(e)
             }
             Err(_) => {
-                shared.record(endpoint, false, elapsed);
+                pick.record(false);
                 Err(TierError::DeadlineExceeded { waited_us: elapsed.as_micros() as u64 })
             }
         }
@@ -895,24 +708,14 @@ impl UpstreamPool {
 
     /// Every endpoint's state, in configuration order.
     pub fn endpoints(&self) -> Vec<EndpointStatus> {
-        let now = Instant::now();
         self.shared
-            .endpoints
-            .iter()
-            .map(|e| {
-                let state = e.state();
-                EndpointStatus {
-                    url: e.url.clone(),
-                    healthy: state.healthy,
-                    ejected: state.ejected_until.is_some(),
-                    ewma_latency_ms: state.rtt.current(now, self.shared.decay_ms),
-                    outstanding: e.outstanding.load(Ordering::Relaxed),
-                    consecutive_failures: state.consecutive_failures,
-                    requests: e.requests.load(Ordering::Relaxed),
-                    failures: e.failures.load(Ordering::Relaxed),
-                    kv_cache_usage: state.kv_cache_usage,
-                    requests_waiting: state.requests_waiting,
-                }
+            .balancer
+            .status()
+            .into_iter()
+            .zip(&self.shared.endpoints)
+            .map(|(balance, e)| {
+                let (kv_cache_usage, requests_waiting) = e.scraped();
+                EndpointStatus { balance, kv_cache_usage, requests_waiting }
             })
             .collect()
     }
@@ -920,20 +723,17 @@ impl UpstreamPool {
     /// Headroom in [0, 1] from the scraped KV-cache usage: max over available endpoints of
     /// `1 - kv_cache_usage`; `None` when no available endpoint exposes it.
     pub fn kv_cache_headroom(&self) -> Option<f64> {
-        self.shared
-            .endpoints
+        self.endpoints()
             .iter()
-            .filter_map(|e| {
-                let state = e.state();
-                (state.healthy && state.ejected_until.is_none()).then_some(state.kv_cache_usage).flatten()
-            })
+            .filter(|e| e.healthy && !e.ejected)
+            .filter_map(|e| e.kv_cache_usage)
             .map(|usage| 1.0 - usage)
             .fold(None, |best: Option<f64>, x| Some(best.map_or(x, |b| b.max(x))))
     }
 
     /// Endpoints currently eligible (healthy and not ejected).
     pub fn available(&self) -> usize {
-        self.shared.endpoints.iter().filter(|e| e.eligible()).count()
+        self.shared.balancer.available()
     }
 }
 
@@ -1056,21 +856,6 @@ mod tests {
         assert_eq!(parse_vllm_metrics(text), (Some(0.5), Some(5.0)));
         assert_eq!(parse_vllm_metrics("vllm:kv_cache_usage_perc 1.5"), (Some(1.0), None));
         assert_eq!(parse_vllm_metrics(""), (None, None));
-    }
-
-    #[test]
-    fn peak_ewma() {
-        let t0 = Instant::now();
-        let mut e = Ewma::new(INITIAL_RTT_MS, t0);
-        e.observe(200.0, t0, 1000.0);
-        assert_eq!(e.estimate_ms, 200.0, "first sample replaces the placeholder");
-        e.observe(10.0, t0 + Duration::from_millis(1000), 1000.0);
-        let expected = 200.0 * (-1.0f64).exp() + 10.0 * (1.0 - (-1.0f64).exp());
-        assert!((e.estimate_ms - expected).abs() < 1e-9);
-        e.observe(500.0, t0 + Duration::from_millis(1001), 1000.0);
-        assert_eq!(e.estimate_ms, 500.0, "a peak is taken at once");
-        let later = t0 + Duration::from_millis(3001);
-        assert!((e.current(later, 1000.0) - 500.0 * (-2.0f64).exp()).abs() < 1e-9, "decays toward zero when idle");
     }
 
     #[test]

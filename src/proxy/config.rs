@@ -1,0 +1,185 @@
+//! `[proxy]` and `[[routes]]`: tiergate as a reverse proxy in front of apps.
+
+use crate::policy::Action;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `[proxy]`: settings of the upstream client, shared by every route.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// TCP connect timeout to an app, ms (502 after, or a retry on another address).
+    pub connect_timeout_ms: u64,
+    /// Idle keep-alive connections to apps are closed after this long, ms.
+    pub pool_idle_timeout_ms: u64,
+    /// Most idle keep-alive connections kept per app address.
+    pub pool_max_idle_per_host: usize,
+    /// Pseudonym added to `Via` (RFC 9110 §7.6.3); empty: no `Via` header is added.
+    pub via: String,
+    /// Consecutive failures (connect errors, timeouts, 502/503/504) that eject an app address.
+    pub eject_after_failures: u32,
+    /// How long an ejected address stays out before it gets a probe request again, ms.
+    pub eject_ms: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_timeout_ms: 1000,
+            pool_idle_timeout_ms: 90_000,
+            pool_max_idle_per_host: 64,
+            via: "tiergate".into(),
+            eject_after_failures: 5,
+            eject_ms: 5000,
+        }
+    }
+}
+
+/// One `[[routes]]` entry: what it matches, where it forwards, how it screens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Route name, in metrics and logs.
+    pub name: String,
+    /// Host (or `:authority`) to match, port ignored, case-insensitive; absent: any host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Path prefix to match at a segment boundary (`/v1` matches `/v1` and `/v1/x`, not `/v10`).
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// Regex the whole path must match (anchored); exclusive with `path_prefix`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Methods to match; empty: every method.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// App base URLs (`http://host:port`), balanced by P2C over peak EWMA.
+    pub upstream: Vec<String>,
+    /// Speak HTTP/2 (prior knowledge, h2c) to the app instead of HTTP/1.1.
+    #[serde(default)]
+    pub http2: bool,
+    /// `Host` sent to the app: `preserve` (the client's), `upstream` (the app address), or a literal.
+    #[serde(default = "default_host_header")]
+    pub host_header: String,
+    /// Time from sending the request until the app's response head arrives, ms (504 after).
+    #[serde(default = "default_response_header_timeout_ms")]
+    pub response_header_timeout_ms: u64,
+    /// Longest silence inside a streamed response body, ms; the body ends with an error after.
+    #[serde(default = "default_body_idle_timeout_ms")]
+    pub body_idle_timeout_ms: u64,
+    /// Extra attempts on another address, only for idempotent requests that never reached an app
+    /// (connect failures) and whose body can be sent again.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Screen requests before forwarding; absent: pass straight through.
+    #[serde(default)]
+    pub screen: Option<ScreenConfig>,
+    /// Screen what the app streams back.
+    #[serde(default)]
+    pub stream_guard: Option<StreamGuardConfig>,
+}
+
+fn default_host_header() -> String {
+    "preserve".into()
+}
+fn default_response_header_timeout_ms() -> u64 {
+    30_000
+}
+fn default_body_idle_timeout_ms() -> u64 {
+    60_000
+}
+fn default_retries() -> u32 {
+    1
+}
+
+/// `[routes.screen]`: where the text and features come from and what each action does.
+///
+/// A *source* is a JSON pointer into the request body (RFC 6901, plus `-1` for an array's last
+/// element), `header:NAME` or `query:NAME`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScreenConfig {
+    /// Sources of the text; those present are joined by newlines.
+    pub text: Vec<String>,
+    /// Feature name -> source; a missing source leaves the feature out.
+    #[serde(default)]
+    pub features: BTreeMap<String, String>,
+    /// Source of the tenant (rate limits, rules); absent: the `x-tiergate-tenant` header.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Largest body read for screening, bytes.
+    #[serde(default = "default_screen_body")]
+    pub max_body_bytes: usize,
+    /// When screening cannot run (body unreadable or over the limit, not JSON, no text, rate
+    /// limit or overload): `closed` answers the error, `open` forwards unscreened.
+    #[serde(default)]
+    pub on_error: FailMode,
+    /// What `review` does: `forward` (with the decision headers) or `block`.
+    #[serde(default = "forward")]
+    pub on_review: Disposition,
+    /// What `block` does: `block` (403 with the decision), or `forward` (monitor mode).
+    #[serde(default = "block")]
+    pub on_block: Disposition,
+    /// Decision budget, ms; absent: `server.default_deadline_ms`.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+fn default_screen_body() -> usize {
+    64 * 1024
+}
+fn forward() -> Disposition {
+    Disposition::Forward
+}
+fn block() -> Disposition {
+    Disposition::Block
+}
+
+/// What a route does when screening cannot run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailMode {
+    /// Refuse the request (the error's own status: 413, 415, 422, 429, 503 ...).
+    #[default]
+    Closed,
+    /// Forward it unscreened, marked `x-tiergate-action: unscreened`.
+    Open,
+}
+
+/// What happens to a request given an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    Forward,
+    Block,
+}
+
+/// `[routes.stream_guard]`: the policy's rules over a streamed response, as it flows.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamGuardConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Text is held back until a sentence ends or this long has passed, then evaluated, ms.
+    #[serde(default = "default_buffer_ms")]
+    pub buffer_ms: u64,
+    /// Actions that end the stream.
+    #[serde(default = "default_cut_on")]
+    pub cut_on: Vec<Action>,
+    /// The rules see at most this many trailing bytes of the generated text.
+    #[serde(default = "default_window")]
+    pub window_bytes: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_buffer_ms() -> u64 {
+    300
+}
+fn default_cut_on() -> Vec<Action> {
+    vec![Action::Block]
+}
+fn default_window() -> usize {
+    4096
+}

@@ -1,0 +1,121 @@
+//! [`TierGateLayer`]: the same screening as a proxied route, in-process, as a tower `Layer` an
+//! axum or hyper app puts in its own stack (see `examples/tiergate_layer.rs`).
+//!
+//! A request the policy blocks gets 403 with the decision and never reaches the inner service;
+//! otherwise the inner service gets the request with the decision headers set (as a proxied app
+//! would) and the [`Decision`] in its extensions. A client-sent `x-tiergate-*` header never
+//! reaches the inner service.
+
+use super::screen::{self, Screen};
+use super::{decide, outgoing_body, set_decision_headers, strip_forged, BoxBody, BoxError, Next, Screening};
+use crate::config::ServerConfig;
+use crate::decision::Decision;
+use crate::gateway::Gateway;
+use bytes::Bytes;
+use futures_util::future::{Either, FutureExt, TryFutureExt};
+use http::{Request, Response};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// Screens each request before the wrapped service; see the module docs.
+#[derive(Clone)]
+pub struct TierGateLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    gateway: Arc<Gateway>,
+    limits: ServerConfig,
+    screen: Screen,
+    /// The label in `tiergate_proxy_requests_total{route}` and logs.
+    name: String,
+}
+
+impl TierGateLayer {
+    /// `screen` is a route's `[routes.screen]` section; `limits` gives the text limit, the default
+    /// deadline and the body-read timeout. Errors name the bad source.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        limits: ServerConfig,
+        name: impl Into<String>,
+        screen: &super::config::ScreenConfig,
+    ) -> Result<Self, String> {
+        let screen = Screen::new(screen)?;
+        Ok(TierGateLayer { shared: Arc::new(Shared { gateway, limits, screen, name: name.into() }) })
+    }
+}
+
+impl<S> tower::Layer<S> for TierGateLayer {
+    type Service = TierGate<S>;
+
+    fn layer(&self, inner: S) -> TierGate<S> {
+        TierGate { inner, shared: Arc::clone(&self.shared) }
+    }
+}
+
+/// Screens `req`: the request to pass on, or the answer (blocked, or refused when fail-closed).
+async fn screen_request<B>(shared: Arc<Shared>, req: Request<B>) -> Result<Request<BoxBody>, Response<BoxBody>>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
+    let (mut parts, body) = req.into_parts();
+    let request_id = match parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+        Some(id) => id.to_string(),
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let (outcome, outgoing) =
+        screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id).await;
+    let broken = matches!(outgoing, screen::Outgoing::Broken);
+    let screening = match decide(&shared.gateway, &shared.name, &shared.screen, outcome, broken) {
+        Next::Respond(response) => return Err(response),
+        Next::Forward(screening) => screening,
+    };
+    strip_forged(&mut parts.headers);
+    set_decision_headers(&mut parts.headers, &screening);
+    if let Screening::Decided(decision) = screening {
+        parts.extensions.insert::<Decision>(decision);
+    }
+    Ok(Request::from_parts(parts, outgoing_body(outgoing)))
+}
+
+/// The service [`TierGateLayer`] makes.
+#[derive(Clone)]
+pub struct TierGate<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S, B, ResBody> tower::Service<Request<B>> for TierGate<S>
+where
+    S: tower::Service<Request<BoxBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Error: Send + 'static,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<BoxBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone that was driven to readiness serves this call (tower's documented pattern).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let screened = screen_request(Arc::clone(&self.shared), req);
+        // Combinators rather than one `async` block: with `S::Future` held across an await,
+        // rustc cannot prove the block `Send` for a generic `S` (rust-lang/rust#110338).
+        Box::pin(screened.then(move |screened| match screened {
+            Err(response) => Either::Left(std::future::ready(Ok(response))),
+            Ok(request) => Either::Right(inner.call(request).map_ok(|response| response.map(BoxBody::new))),
+        }))
+    }
+}

@@ -1,0 +1,306 @@
+//! Screening a request on its way to an app: the text, features and tenant are taken from the
+//! request by the route's sources, decided by the [`Gateway`], and the body is handed back intact
+//! for forwarding, whatever happened.
+
+use super::config::ScreenConfig;
+use crate::config::ServerConfig;
+use crate::decision::Decision;
+use crate::error::ApiError;
+use crate::gateway::{ClassifyRequest, Gateway};
+use crate::ingress::extract;
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, CONTENT_LENGTH};
+use http::request::Parts;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where one value comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A JSON pointer into the body (RFC 6901), as reference tokens; `-1` selects an array's last
+    /// element (an extension: RFC 6901's `-` names the element *after* the last).
+    Pointer(Vec<String>),
+    Header(HeaderName),
+    /// A query parameter, percent-decoded; the first occurrence.
+    Query(String),
+}
+
+impl Source {
+    /// `"/a/b/0"`, `"header:NAME"` or `"query:NAME"`. The message names what is wrong.
+    pub fn parse(spec: &str) -> Result<Source, String> {
+        if let Some(name) = spec.strip_prefix("header:") {
+            return HeaderName::try_from(name.trim())
+                .map(Source::Header)
+                .map_err(|_| format!("`{spec}`: `{name}` is not a valid header name"));
+        }
+        if let Some(name) = spec.strip_prefix("query:") {
+            if name.is_empty() {
+                return Err(format!("`{spec}`: the query parameter name is empty"));
+            }
+            return Ok(Source::Query(name.to_string()));
+        }
+        if spec.is_empty() || spec.starts_with('/') {
+            // RFC 6901 §4: `~1` is `/`, `~0` is `~`, in that order.
+            let tokens = spec.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
+            return Ok(Source::Pointer(tokens));
+        }
+        Err(format!("`{spec}` is neither a JSON pointer (`/field/0`), `header:NAME` nor `query:NAME`"))
+    }
+
+    fn reads_body(&self) -> bool {
+        matches!(self, Source::Pointer(_))
+    }
+
+    /// The value at this source, if present.
+    fn get(&self, parts: &Parts, json: Option<&Value>) -> Option<Value> {
+        match self {
+            Source::Pointer(tokens) => {
+                let mut at = json?;
+                for token in tokens {
+                    at = match at {
+                        Value::Object(map) => map.get(token)?,
+                        Value::Array(items) if token == "-1" => items.last()?,
+                        // RFC 6901 §4: array indices are decimal without leading zeros.
+                        Value::Array(items) if token == "0" || !token.starts_with('0') => {
+                            items.get(token.parse::<usize>().ok()?)?
+                        }
+                        _ => return None,
+                    };
+                }
+                Some(at.clone())
+            }
+            Source::Header(name) => {
+                parts.headers.get(name).map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            }
+            Source::Query(name) => form_urlencoded::parse(parts.uri.query()?.as_bytes())
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| Value::String(v.into_owned())),
+        }
+    }
+}
+
+/// A route's screening rule, compiled.
+#[derive(Debug)]
+pub struct Screen {
+    text: Vec<Source>,
+    features: Vec<(String, Source)>,
+    tenant: Option<Source>,
+    reads_body: bool,
+    pub config: ScreenConfig,
+}
+
+impl Screen {
+    pub fn new(config: &ScreenConfig) -> Result<Screen, String> {
+        if config.text.is_empty() {
+            return Err("`screen.text` must name at least one source".into());
+        }
+        let text = config.text.iter().map(|s| Source::parse(s)).collect::<Result<Vec<_>, _>>()?;
+        let features = config
+            .features
+            .iter()
+            .map(|(name, s)| Source::parse(s).map(|src| (name.clone(), src)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tenant = config.tenant.as_deref().map(Source::parse).transpose()?;
+        if config.max_body_bytes == 0 {
+            return Err("`screen.max_body_bytes` must be at least 1".into());
+        }
+        if config.deadline_ms == Some(0) {
+            return Err("`screen.deadline_ms` must be at least 1".into());
+        }
+        let reads_body = text.iter().chain(features.iter().map(|(_, s)| s)).chain(&tenant).any(Source::reads_body);
+        Ok(Screen { text, features, tenant, reads_body, config: config.clone() })
+    }
+}
+
+/// The request body after screening, to forward as it is.
+pub enum Outgoing<B> {
+    /// Read whole (it may be sent again on a retry).
+    Bytes(Bytes),
+    /// Not read at all.
+    Stream(B),
+    /// Read up to the limit and found longer: what was read, then the rest.
+    Partial(Bytes, B),
+    /// Lost: the client's body could not be read (reset, broken chunking, too slow).
+    Broken,
+}
+
+/// Screens one request: `Ok(decision)`, or why screening could not run; and the body to forward.
+pub async fn screen<B>(
+    gateway: &Gateway,
+    limits: &ServerConfig,
+    screen: &Screen,
+    parts: &Parts,
+    body: B,
+    request_id: String,
+) -> (Result<Decision, ApiError>, Outgoing<B>)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let (json, outgoing) = if screen.reads_body {
+        match read_json(limits, screen.config.max_body_bytes, parts, body).await {
+            (Ok(json), outgoing) => (Some(json), outgoing),
+            (Err(e), outgoing) => return (Err(e), outgoing),
+        }
+    } else {
+        (None, Outgoing::Stream(body))
+    };
+    let request = match classify_request(limits, screen, parts, json.as_ref()) {
+        Ok(request) => request,
+        Err(e) => return (Err(e), outgoing),
+    };
+    (gateway.classify(request, request_id).await, outgoing)
+}
+
+/// Reads and parses the JSON body, keeping every byte read for forwarding.
+async fn read_json<B>(
+    limits: &ServerConfig,
+    limit: usize,
+    parts: &Parts,
+    body: B,
+) -> (Result<Value, ApiError>, Outgoing<B>)
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    if let Err(e) = extract::require_json(&parts.headers) {
+        return (Err(e), Outgoing::Stream(body));
+    }
+    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return (Err(ApiError::PayloadTooLarge { limit }), Outgoing::Stream(body));
+    }
+    let timeout_ms = limits.request_timeout_ms;
+    let read = match tokio::time::timeout(Duration::from_millis(timeout_ms), read_up_to(body, limit)).await {
+        Ok(read) => read,
+        Err(_) => return (Err(ApiError::Timeout { timeout_ms }), Outgoing::Broken),
+    };
+    match read {
+        Read::Whole(bytes) => {
+            let parsed = serde_json::from_slice(&bytes).map_err(|e| ApiError::MalformedJson(e.to_string()));
+            (parsed, Outgoing::Bytes(bytes))
+        }
+        Read::Over(prefix, rest) => (Err(ApiError::PayloadTooLarge { limit }), Outgoing::Partial(prefix, rest)),
+        Read::Failed(e) => (Err(ApiError::BodyRead(e)), Outgoing::Broken),
+    }
+}
+
+enum Read<B> {
+    Whole(Bytes),
+    Over(Bytes, B),
+    Failed(String),
+}
+
+/// Reads frames until the end or until more than `limit` bytes have arrived.
+async fn read_up_to<B>(mut body: B, limit: usize) -> Read<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Read::Whole(buf.freeze()),
+            Some(Err(e)) => return Read::Failed(e.to_string()),
+            Some(Ok(frame)) => {
+                // Trailers carry no text to screen; they are dropped with a buffered body.
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Read::Over(buf.freeze(), body);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The classify request the sources give.
+fn classify_request(
+    limits: &ServerConfig,
+    screen: &Screen,
+    parts: &Parts,
+    json: Option<&Value>,
+) -> Result<ClassifyRequest, ApiError> {
+    let mut pieces = Vec::new();
+    for source in &screen.text {
+        if let Some(value) = source.get(parts, json) {
+            collect_text(&value, &mut pieces);
+        }
+    }
+    let text = pieces.join("\n");
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid(
+            "text",
+            format!("no text to screen at any of the route's sources {:?}", screen.config.text),
+        ));
+    }
+    if text.len() > limits.max_text_bytes {
+        return Err(ApiError::invalid(
+            "text",
+            format!("the text to screen must be at most {} bytes, got {}", limits.max_text_bytes, text.len()),
+        ));
+    }
+    let features: serde_json::Map<String, Value> =
+        screen.features.iter().filter_map(|(name, source)| Some((name.clone(), source.get(parts, json)?))).collect();
+    let tenant = match &screen.tenant {
+        Some(source) => source.get(parts, json).map(|v| match v {
+            Value::String(s) => s,
+            other => other.to_string(),
+        }),
+        None => parts.headers.get(extract::TENANT_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+    };
+    Ok(ClassifyRequest {
+        text: Arc::from(text),
+        features,
+        tenant,
+        deadline: Duration::from_millis(screen.config.deadline_ms.unwrap_or(limits.default_deadline_ms)),
+        explain: false,
+    })
+}
+
+/// The text in a JSON value: a string as it is, the strings inside arrays and objects in order,
+/// other scalars as JSON.
+fn collect_text(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Null => {}
+        Value::Array(items) => items.iter().for_each(|v| collect_text(v, out)),
+        Value::Object(map) => map.values().for_each(|v| collect_text(v, out)),
+        other => out.push(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parts(uri: &str) -> Parts {
+        let (parts, ()) = http::Request::post(uri).header("x-country", "NL").body(()).unwrap().into_parts();
+        parts
+    }
+
+    #[test]
+    fn sources() {
+        let body = json!({"messages": [{"content": "first"}, {"content": "last"}], "a/b": {"~x": 7}, "n": [0, 1]});
+        let p = parts("/v1/chat?q=hello%20there&q=2&user=u1");
+        let get = |spec: &str| Source::parse(spec).unwrap().get(&p, Some(&body));
+        assert_eq!(get("/messages/-1/content"), Some(json!("last")));
+        assert_eq!(get("/messages/0/content"), Some(json!("first")));
+        assert_eq!(get("/a~1b/~0x"), Some(json!(7)));
+        assert_eq!(get("/n/01"), None, "leading zeros are not indices");
+        assert_eq!(get("/messages/5/content"), None);
+        assert_eq!(get(""), Some(body.clone()), "the empty pointer is the whole document");
+        assert_eq!(get("header:x-country"), Some(json!("NL")));
+        assert_eq!(get("header:x-missing"), None);
+        assert_eq!(get("query:q"), Some(json!("hello there")), "decoded, first occurrence");
+        assert!(Source::parse("messages/0").unwrap_err().contains("neither a JSON pointer"));
+        assert!(Source::parse("header:bad header").unwrap_err().contains("not a valid header name"));
+        let mut text = Vec::new();
+        collect_text(&body["messages"], &mut text);
+        assert_eq!(text, ["first", "last"]);
+    }
+}

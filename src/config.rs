@@ -76,6 +76,8 @@ pub struct ServerConfig {
     pub request_timeout_ms: u64,
     /// Time allowed to read request headers, ms.
     pub header_read_timeout_ms: u64,
+    /// Largest request head (request line and headers), bytes; 431 above.
+    pub max_header_bytes: usize,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish, ms.
     pub shutdown_grace_ms: u64,
 }
@@ -192,6 +194,7 @@ impl Default for ServerConfig {
             max_deadline_ms: 10_000,
             request_timeout_ms: 15_000,
             header_read_timeout_ms: 5_000,
+            max_header_bytes: 64 * 1024,
             shutdown_grace_ms: 10_000,
         }
     }
@@ -279,6 +282,7 @@ impl Config {
             ("server.max_text_bytes", s.max_text_bytes as u64),
             ("server.default_deadline_ms", s.default_deadline_ms),
             ("server.request_timeout_ms", s.request_timeout_ms),
+            ("server.max_header_bytes", s.max_header_bytes as u64),
             ("model.intra_threads", m.intra_threads as u64),
             ("model.sessions", m.sessions as u64),
             ("model.max_batch", m.max_batch as u64),

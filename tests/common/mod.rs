@@ -2,6 +2,7 @@
 //! files) on an ephemeral port in its own runtime thread, and a small HTTP client.
 #![allow(dead_code)]
 
+pub mod app;
 pub mod openai_stub;
 
 use bytes::Bytes;

@@ -1,0 +1,497 @@
+//! tiergate as a reverse proxy in front of a real app (tests/common/app.rs): screening per route,
+//! the headers both ways, bodies streamed intact, the app failing, and hostile requests.
+
+mod common;
+
+use bytes::Bytes;
+use common::app::{self, AppHandle};
+use http::StatusCode;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tiergate::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
+const PHISHING: &str =
+    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+
+/// The bundled config's server limits with the given routes (TOML `[[routes]]` / `[proxy]`).
+fn config_with_routes(policies: &Path, routes: &str) -> Config {
+    let mut c = common::config(policies);
+    let parsed = Config::parse(routes).unwrap_or_else(|e| panic!("test routes: {e}"));
+    c.routes = parsed.routes;
+    c.proxy = parsed.proxy;
+    c.server.request_timeout_ms = 1000;
+    c
+}
+
+struct Setup {
+    proxy: SocketAddr,
+    /// The admin listener: `/metrics` there (the catch-all route sends the public one to the app).
+    admin: SocketAddr,
+    app: AppHandle,
+}
+
+/// One app and one tiergate in front of it with the bundled policies, shared by the tests here.
+fn setup() -> &'static Setup {
+    static SETUP: OnceLock<Setup> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let app = app::start();
+        let dead = dead_address();
+        let routes = format!(
+            r#"
+            [proxy]
+            connect_timeout_ms = 300
+            eject_after_failures = 2
+
+            [[routes]]
+            name = "chat"
+            path_prefix = "/echo/chat"
+            methods = ["POST"]
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["/messages/-1/content"]
+            features = {{ country = "header:x-country", user = "/user" }}
+            max_body_bytes = 4096
+
+            [[routes]]
+            name = "monitor"
+            path_prefix = "/echo/monitor"
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["query:q"]
+            on_block = "forward"
+
+            [[routes]]
+            name = "open"
+            path_prefix = "/echo/open"
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["/text"]
+            max_body_bytes = 1024
+            on_error = "open"
+
+            [[routes]]
+            name = "down"
+            path_prefix = "/down"
+            upstream = ["{dead}"]
+
+            [[routes]]
+            name = "impatient"
+            path_prefix = "/slow"
+            upstream = ["{app}"]
+            response_header_timeout_ms = 300
+
+            [[routes]]
+            name = "stall"
+            path_prefix = "/stall"
+            upstream = ["{app}"]
+            body_idle_timeout_ms = 300
+
+            [[routes]]
+            name = "retry"
+            path_prefix = "/echo/retry"
+            upstream = ["{dead}", "{app}"]
+            retries = 1
+
+            [[routes]]
+            name = "h2"
+            path_prefix = "/echo/h2"
+            upstream = ["{app}"]
+            http2 = true
+            host_header = "upstream"
+
+            [[routes]]
+            name = "app"
+            upstream = ["{app}"]
+            "#,
+            app = app.url(),
+        );
+        let config = config_with_routes(&common::repo().join("policies"), &routes);
+        let (proxy, admin, _) = common::start_with_admin(config, Default::default(), None);
+        Setup { proxy, admin, app }
+    })
+}
+
+/// An address nothing listens on (bound, then released).
+fn dead_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+fn chat(text: &str) -> String {
+    json!({"user": "u-17", "messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": text}]})
+        .to_string()
+}
+
+fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> &'a str {
+    headers.get(name).map(|v| v.to_str().unwrap()).unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+}
+
+async fn post_json(addr: SocketAddr, path: &str, body: String, extra: &[(&str, &str)]) -> common::Reply {
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    common::send(addr, "POST", path, &headers, body).await
+}
+
+#[tokio::test]
+async fn allowed_requests_reach_the_app_with_the_decision() {
+    let s = setup();
+    let reply =
+        post_json(s.proxy, "/echo/chat?x=1", chat(BENIGN), &[("x-country", "NL"), ("host", "shop.example")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(reply.body, Bytes::from(chat(BENIGN)), "the app echoes the body it got: unchanged");
+    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from(chat(BENIGN))).unwrap();
+    let h = &seen.headers;
+    assert_eq!(seen.uri, "/echo/chat?x=1");
+    assert_eq!(header(h, "x-tiergate-action"), "allow");
+    let score: f64 = header(h, "x-tiergate-risk-score").parse().unwrap();
+    assert!((0.0..0.3).contains(&score), "{score}");
+    assert!(["cpu", "gpu", "rules"].contains(&header(h, "x-tiergate-tier")));
+    assert!(!header(h, "x-tiergate-policy-version").is_empty());
+    assert_eq!(header(h, "x-request-id"), header(&reply.headers, "x-request-id"), "one id end to end");
+    assert_eq!(header(h, "x-forwarded-for"), "127.0.0.1");
+    assert_eq!(header(h, "x-forwarded-proto"), "http");
+    assert_eq!(header(h, "x-forwarded-host"), "shop.example");
+    assert_eq!(header(h, "host"), "shop.example", "host_header = preserve");
+    assert_eq!(header(h, "via"), "1.1 tiergate");
+    // The response: the app's headers, hop-by-hop ones (and those its Connection names) removed.
+    assert_eq!(header(&reply.headers, "x-app"), "echo");
+    assert!(reply.headers.get("x-app-hop").is_none() && reply.headers.get("connection").is_none());
+    assert_eq!(header(&reply.headers, "via"), "1.1 tiergate");
+    assert_eq!(header(&reply.headers, "x-tiergate-action"), "allow");
+}
+
+#[tokio::test]
+async fn blocked_requests_never_reach_the_app_and_forged_decisions_are_dropped() {
+    let s = setup();
+    let reply =
+        post_json(s.proxy, "/echo/chat", chat(PHISHING), &[("x-tiergate-action", "allow"), ("x-tiergate-tier", "cpu")])
+            .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], "blocked");
+    assert_eq!(body["decision"]["action"], "block");
+    assert!(body["decision"]["risk_score"].as_f64().unwrap() >= 0.8, "{body}");
+    let reached = s.app.requests().iter().any(|r| r.body == Bytes::from(chat(PHISHING)));
+    assert!(!reached, "a blocked request reached the app");
+
+    // The pointer picks the *last* message: a phishing system prompt before a benign last
+    // message is not what is screened.
+    let mixed = json!({"messages": [{"content": PHISHING}, {"content": BENIGN}]}).to_string();
+    let reply = post_json(s.proxy, "/echo/chat", mixed.clone(), &[("x-tiergate-action", "block")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from(mixed.clone())).unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "allow", "the client's own header was replaced");
+    assert_eq!(seen.headers.get_all("x-tiergate-action").iter().count(), 1);
+}
+
+#[tokio::test]
+async fn monitor_mode_forwards_blocks_with_the_decision() {
+    let s = setup();
+    let q = form_urlencoded::byte_serialize(PHISHING.as_bytes()).collect::<String>();
+    let reply = common::send(s.proxy, "GET", &format!("/echo/monitor?q={q}"), &[], "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri.starts_with("/echo/monitor")).unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "block");
+    // The rule that decided is named when rules decided.
+    assert_eq!(seen.headers.contains_key("x-tiergate-rule"), header(&seen.headers, "x-tiergate-tier") == "rules");
+}
+
+#[tokio::test]
+async fn fail_closed_refuses_what_cannot_be_screened_and_fail_open_forwards_it_intact() {
+    let s = setup();
+    let cases: [(&str, Vec<(&str, &str)>, String, StatusCode, &str); 4] = [
+        (
+            "malformed JSON",
+            vec![("content-type", "application/json")],
+            "{\"messages\": [".into(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            "over the limit",
+            vec![("content-type", "application/json")],
+            chat(&"a ".repeat(3000)),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            "not JSON",
+            vec![("content-type", "text/plain")],
+            "plain words, not JSON".into(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            "no text",
+            vec![("content-type", "application/json")],
+            json!({"messages": []}).to_string(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_field",
+        ),
+    ];
+    for (what, headers, body, status, code) in cases {
+        let reply = common::send(s.proxy, "POST", "/echo/chat", &headers, body.clone()).await;
+        let forwarded = s.app.requests().iter().any(|r| r.body == Bytes::from(body.clone()));
+        assert!(!forwarded, "{what}: fail-closed forwarded it");
+        assert_eq!(reply.status, status, "{what}: {:?}", String::from_utf8_lossy(&reply.body));
+        assert_eq!(reply.json()["error"]["code"], code, "{what}");
+    }
+
+    // Fail-open: a body over the screening limit is forwarded whole, marked unscreened.
+    let big = json!({"text": "x".repeat(5000)}).to_string();
+    let reply = post_json(s.proxy, "/echo/open", big.clone(), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, Bytes::from(big.clone()), "bytes read for screening were all forwarded");
+    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from(big.clone())).unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "unscreened");
+    assert!(header(&seen.headers, "x-tiergate-screen-error").contains("at most 1024 bytes"));
+    // ... and a body within the limit is screened as usual.
+    let reply = post_json(s.proxy, "/echo/open", json!({"text": BENIGN}).to_string(), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    let metrics = String::from_utf8(common::send(s.admin, "GET", "/metrics", &[], "").await.body.to_vec()).unwrap();
+    for line in [
+        r#"route="open",outcome="unscreened""#,
+        r#"route="chat",outcome="refused""#,
+        r#"route="chat",outcome="blocked""#,
+    ] {
+        assert!(metrics.contains(line), "metrics lack {line}");
+    }
+}
+
+#[tokio::test]
+async fn large_bodies_stream_through_unchanged_both_ways() {
+    let s = setup();
+    let upload = app::pattern(8 << 20);
+    let reply =
+        common::send(s.proxy, "PUT", "/echo/upload", &[("content-type", "application/octet-stream")], upload.clone())
+            .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body == upload, "echoed upload differs ({} bytes back)", reply.body.len());
+    assert!(s.app.requests().iter().any(|r| r.body == upload), "the app got a different upload");
+
+    let n = 24 << 20;
+    let reply = common::send(s.proxy, "GET", &format!("/bytes?n={n}"), &[], "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body == app::pattern(n), "download differs ({} bytes)", reply.body.len());
+}
+
+#[tokio::test]
+async fn the_app_failing_becomes_502_or_504() {
+    let s = setup();
+    let reply = common::send(s.proxy, "GET", "/down/x", &[], "").await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    let body = reply.json();
+    assert_eq!(body["error"]["code"], "bad_gateway");
+    assert!(body["error"]["message"].as_str().unwrap().contains("route `down`"), "{body}");
+
+    let started = Instant::now();
+    let reply = common::send(s.proxy, "GET", "/slow?ms=3000", &[], "").await;
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(reply.json()["error"]["code"], "upstream_timeout");
+    assert!(started.elapsed() < Duration::from_millis(2000), "{:?}", started.elapsed());
+
+    // An app that stalls mid-body: the client's stream ends with an error after the idle limit.
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let response = client.get(format!("http://{}/stall", s.proxy).parse().unwrap()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let started = Instant::now();
+    let collected = tokio::time::timeout(Duration::from_secs(5), response.into_body().collect()).await;
+    assert!(matches!(collected, Ok(Err(_))), "the stalled body did not end with an error");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn idempotent_requests_are_retried_on_another_address() {
+    let s = setup();
+    for i in 0..10 {
+        let reply = common::send(s.proxy, "GET", &format!("/echo/retry/{i}"), &[], "").await;
+        assert_eq!(reply.status, StatusCode::OK, "attempt {i}: {:?}", String::from_utf8_lossy(&reply.body));
+    }
+}
+
+#[tokio::test]
+async fn http2_both_sides() {
+    let s = setup();
+    // Client -> tiergate over HTTP/2 (prior knowledge), tiergate -> app over HTTP/1.1 ...
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let request =
+        http::Request::post(format!("http://{}/echo/plain", s.proxy)).body(Full::new(Bytes::from("h2 body"))).unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from("h2 body")).unwrap();
+    assert_eq!(seen.version, http::Version::HTTP_11);
+    assert_eq!(header(&seen.headers, "host"), s.proxy.to_string(), "the :authority became Host");
+    assert_eq!(header(&seen.headers, "via"), "2 tiergate");
+    // ... and a route that speaks HTTP/2 to the app.
+    let reply = common::send(s.proxy, "POST", "/echo/h2", &[], "to an h2 app").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from("to an h2 app")).unwrap();
+    assert_eq!(seen.version, http::Version::HTTP_2);
+    assert_eq!(header(&seen.headers, "host"), s.app.addr().to_string(), "host_header = upstream");
+}
+
+#[tokio::test]
+async fn review_follows_the_route_mapping() {
+    // A policy where every model verdict is at least `review`.
+    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
+    let dir = common::policies_with_routing("proxy-review", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+    let app = app::start();
+    let routes = format!(
+        r#"
+        [[routes]]
+        name = "hold"
+        path_prefix = "/echo/hold"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+
+        [[routes]]
+        name = "strict"
+        path_prefix = "/echo/strict"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+        on_review = "block"
+        "#,
+        app = app.url()
+    );
+    let proxy = common::start(config_with_routes(&dir, &routes));
+    let body = json!({"text": BENIGN}).to_string();
+    let reply = post_json(proxy, "/echo/hold", body.clone(), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(header(&app.last().headers, "x-tiergate-action"), "review");
+    let reply = post_json(proxy, "/echo/strict", body, &[]).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.json()["decision"]["action"], "review");
+    assert_eq!(app.requests().len(), 1);
+}
+
+/// Sends raw bytes, returns the status code of the first response (0 if the connection closed
+/// without one).
+async fn raw(addr: SocketAddr, request: &[u8], read_for: Duration) -> u16 {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(read_for, async {
+        let mut chunk = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let head = String::from_utf8_lossy(&buf);
+    head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn hostile_requests_are_refused_without_disturbing_others() {
+    let s = setup();
+    // Good requests keep flowing while the table runs.
+    let proxy = s.proxy;
+    let good = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            statuses.push(post_json(proxy, "/echo/chat", chat(BENIGN), &[]).await.status);
+        }
+        statuses
+    });
+    let big_header = "a".repeat(200 * 1024);
+    // (what, request, expected status, whether the app may see it). Each case has its own path.
+    let table: Vec<(&str, String, u16, bool)> = vec![
+        // hyper resolves these as RFC 9112 §6.3 and RFC 9110 §8.6 allow (chunked wins and
+        // Content-Length is removed; identical duplicates count once) before tiergate sees the
+        // request, so they arrive framed one way and are forwarded re-framed: nothing is left
+        // for the app to read differently.
+        (
+            "Content-Length then Transfer-Encoding",
+            "POST /echo/hostile/1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".into(),
+            200,
+            true,
+        ),
+        (
+            "Transfer-Encoding then Content-Length",
+            "POST /echo/hostile/2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n5\r\nhello\r\n0\r\n\r\n".into(),
+            200,
+            true,
+        ),
+        (
+            "duplicate equal Content-Length",
+            "POST /echo/hostile/3 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello".into(),
+            200,
+            true,
+        ),
+        (
+            "conflicting Content-Length",
+            "POST /echo/hostile/4 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".into(),
+            400,
+            false,
+        ),
+        (
+            "Content-Length list",
+            "POST /echo/hostile/5 HTTP/1.1\r\nHost: x\r\nContent-Length: 3, 4\r\n\r\nabcd".into(),
+            400,
+            false,
+        ),
+        (
+            "Transfer-Encoding not ending in chunked",
+            "POST /echo/hostile/6 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc".into(),
+            400,
+            false,
+        ),
+        (
+            "oversized header",
+            format!("GET /echo/hostile/7 HTTP/1.1\r\nHost: x\r\nX-Big: {big_header}\r\n\r\n"),
+            431,
+            false,
+        ),
+        (
+            "broken chunked body on a screened route",
+            "POST /echo/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n".into(),
+            400,
+            false,
+        ),
+        (
+            "slow body on a screened route (declares 500 bytes, sends 10)",
+            "POST /echo/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"message".into(),
+            408,
+            false,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (what, request, expected, _) in &table {
+        let status = raw(s.proxy, request.as_bytes(), Duration::from_secs(3)).await;
+        if status != *expected {
+            wrong.push(format!("{what}: {status}, expected {expected}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    let statuses = good.await.unwrap();
+    assert!(statuses.len() > 5 && statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    let seen = s.app.requests();
+    for (i, (what, _, _, may_reach)) in table.iter().enumerate() {
+        let path = format!("/echo/hostile/{}", i + 1);
+        let reached: Vec<_> = seen.iter().filter(|r| r.uri == path).collect();
+        assert_eq!(!reached.is_empty(), *may_reach, "{what}");
+        for r in reached {
+            assert_eq!(r.body, Bytes::from("hello"), "{what}: the chunked framing decides");
+            assert!(r.headers.get("content-length").is_none_or(|v| v == "5"), "{what}: {:?}", r.headers);
+            assert!(r.headers.get("transfer-encoding").is_none() || r.headers.get("content-length").is_none());
+        }
+    }
+}

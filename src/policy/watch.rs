@@ -86,7 +86,8 @@ fn arm(dir: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<RecommendedW
 struct Fingerprint {
     /// (device, inode) of the directory: a recreated or swapped directory has a new one.
     identity: Option<(u64, u64)>,
-    files: Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
+    /// Path, inode, size and mtime of each policy file (of its target, for a symlink).
+    files: Vec<(PathBuf, u64, u64, Option<std::time::SystemTime>)>,
 }
 
 fn fingerprint(dir: &Path) -> Fingerprint {
@@ -97,10 +98,38 @@ fn fingerprint(dir: &Path) -> Fingerprint {
             entries
                 .filter_map(|e| e.ok())
                 .filter(|e| e.path().extension().is_some_and(|x| x == "toml"))
-                .filter_map(|e| e.metadata().ok().map(|m| (e.path(), m.len(), m.modified().ok())))
+                // `fs::metadata` follows symlinks: a Kubernetes ConfigMap mount swaps the target
+                // behind `rules.toml -> ..data/rules.toml` and never touches the link itself.
+                .filter_map(|e| {
+                    std::fs::metadata(e.path()).ok().map(|m| (e.path(), m.ino(), m.len(), m.modified().ok()))
+                })
                 .collect()
         })
         .unwrap_or_default();
     files.sort();
     Fingerprint { identity, files }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_swapped_symlink_target_changes_the_fingerprint() {
+        // The layout kubelet gives a ConfigMap volume: files are links into `..data`, itself a
+        // link to a timestamped directory that an update replaces.
+        let dir = std::env::temp_dir().join(format!("tiergate-fingerprint-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (version, content) in [("v1", "a = 1\n"), ("v2", "a = 22\n")] {
+            std::fs::create_dir_all(dir.join(version)).unwrap();
+            std::fs::write(dir.join(version).join("rules.toml"), content).unwrap();
+        }
+        std::os::unix::fs::symlink("v1", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/rules.toml", dir.join("rules.toml")).unwrap();
+        let before = fingerprint(&dir);
+        std::os::unix::fs::symlink("v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        assert_ne!(fingerprint(&dir), before);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -252,6 +252,11 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
+        for route in &mut config.routes {
+            if let Some(screen) = &mut route.screen {
+                screen.policy = screen.policy.take().map(|d| base.join(d));
+            }
+        }
         config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
         Ok(config)
     }

@@ -56,6 +56,9 @@ pub struct Gateway {
     pub cpu_latency: LatencyTracker,
     pub gpu: Option<GpuTier>,
     pub policies: PolicyStore,
+    /// Policies that proxy routes name (`[routes.screen] policy`), by directory; watched and
+    /// reloaded like the live one.
+    pub route_policies: std::collections::BTreeMap<std::path::PathBuf, PolicyStore>,
     pub metrics: Metrics,
     pub signals: Arc<SignalsHub>,
     tenants: Option<DefaultKeyedRateLimiter<String>>,
@@ -70,14 +73,24 @@ impl Gateway {
     /// Call inside a tokio runtime (blocking work at start-up is fine there).
     pub fn start(config: &Config, sources: Sources) -> anyhow::Result<Arc<Gateway>> {
         let policy = Policy::load_dir(&config.policies.dir)?;
+        let mut route_policies = std::collections::BTreeMap::new();
+        for dir in config.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()) {
+            if dir != config.policies.dir && !route_policies.contains_key(&dir) {
+                let loaded =
+                    Policy::load_dir(&dir).map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
+                route_policies.insert(dir, loaded);
+            }
+        }
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, &config.model, "tiergate-cpu")?;
         let gpu = GpuTier::start(env, &config.gpu)?;
-        if config.gpu.backend == GpuBackend::Upstream && policy.prompt.is_none() {
-            anyhow::bail!(
-                "gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})",
-                policy.dir.display()
-            );
+        for p in std::iter::once(&policy).chain(route_policies.values()) {
+            if config.gpu.backend == GpuBackend::Upstream && p.prompt.is_none() {
+                anyhow::bail!(
+                    "gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})",
+                    p.dir.display()
+                );
+            }
         }
         let tenants = NonZeroU32::new(config.admission.tenant_rps).map(|rps| {
             let burst = NonZeroU32::new(config.admission.tenant_burst).unwrap_or(rps);
@@ -91,6 +104,7 @@ impl Gateway {
             cpu_latency: LatencyTracker::default(),
             gpu,
             policies: PolicyStore::new(policy),
+            route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
             metrics: Metrics::new(),
             signals,
             tenants,
@@ -108,6 +122,16 @@ impl Gateway {
                 }
             })?;
             gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+            for dir in gateway.route_policies.keys() {
+                let weak = Arc::downgrade(&gateway);
+                let owned = dir.clone();
+                let watcher = crate::policy::watch::watch(dir, debounce, poll, move || {
+                    if let Some(g) = weak.upgrade() {
+                        g.reload_route_policy(&owned, "file");
+                    }
+                })?;
+                gateway.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+            }
             if let Some(shadow) = &gateway.shadow {
                 let weak = Arc::downgrade(&gateway);
                 let watcher = crate::policy::watch::watch(shadow.policies.dir(), debounce, poll, move || {
@@ -140,7 +164,32 @@ impl Gateway {
     /// policy, whose result is returned.
     pub fn reload_all(&self, trigger: &'static str) -> Result<Option<String>, crate::policy::PolicyError> {
         self.reload_shadow();
+        for dir in self.route_policies.keys() {
+            self.reload_route_policy(dir, trigger);
+        }
         self.reload_policy(trigger)
+    }
+
+    /// Reloads one route's policy directory; logs and counts the result like the live policy's.
+    fn reload_route_policy(&self, dir: &std::path::Path, trigger: &'static str) {
+        let Some(store) = self.route_policies.get(dir) else { return };
+        let outcome = match store.reload() {
+            Ok(Some(version)) => {
+                tracing::info!(trigger, dir = %dir.display(), %version, "route policy reloaded");
+                "ok"
+            }
+            Ok(None) => "unchanged",
+            Err(e) => {
+                tracing::error!(trigger, dir = %dir.display(), error = %e, "route policy refused; the last good one keeps serving");
+                "refused"
+            }
+        };
+        self.metrics.policy_reloads.get_or_create(&crate::metrics::ReloadLabels { trigger, result: outcome }).inc();
+    }
+
+    /// The policy a route names (its directory), or the live one for `None`.
+    pub fn policy_store(&self, dir: Option<&std::path::Path>) -> &PolicyStore {
+        dir.and_then(|d| self.route_policies.get(d)).unwrap_or(&self.policies)
     }
 
     /// Reloads the live policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts
@@ -220,7 +269,19 @@ impl Gateway {
     /// policy configured, a share of requests is also decided by the candidate, which never
     /// changes the answer (see [`Gateway::compare`]).
     pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
-        let (decision, _) = self.classify_and_shadow(req, request_id, false).await?;
+        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false).await?;
+        Ok(decision)
+    }
+
+    /// [`Gateway::classify`] under the policy a proxy route names (`None`: the live policy).
+    /// The shadow candidate shadows the live policy only.
+    pub async fn classify_under(
+        &self,
+        policy: Option<&std::path::Path>,
+        req: ClassifyRequest,
+        request_id: String,
+    ) -> Result<Decision, ApiError> {
+        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false).await?;
         Ok(decision)
     }
 
@@ -231,17 +292,19 @@ impl Gateway {
         req: ClassifyRequest,
         request_id: String,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
-        self.classify_and_shadow(req, request_id, true).await
+        self.classify_and_shadow(&self.policies, req, request_id, true).await
     }
 
     async fn classify_and_shadow(
         &self,
+        store: &PolicyStore,
         req: ClassifyRequest,
         request_id: String,
         always_shadow: bool,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
-        let policy = self.policies.snapshot();
+        let policy = store.snapshot();
+        let shadowed = std::ptr::eq(store, &self.policies);
         if let Some(limiter) = &self.tenants {
             let key = req.tenant.clone().unwrap_or_default();
             if let Err(not_until) = limiter.check_key(&key) {
@@ -259,7 +322,7 @@ impl Gateway {
         let (decision, explain) = self.decide(&policy, &req, &snapshot, started, &Tiers::Live(&recorded)).await?;
         let decision = self.finish(decision, request_id, &policy, explain, started);
         let shadow = match &self.shadow {
-            Some(s) if always_shadow || fastrand::f64() < s.share => {
+            Some(s) if shadowed && (always_shadow || fastrand::f64() < s.share) => {
                 let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
                 self.shadow(s, &req, &snapshot, &recorded, &decision).await
             }

@@ -44,6 +44,10 @@ fn setup() -> &'static Setup {
     SETUP.get_or_init(|| {
         let app = app::start();
         let dead = dead_address();
+        // A route policy under which every model verdict is at least `review`.
+        let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
+        let review_policy =
+            common::policies_with_routing("proxy-review", &routing.replace("review_at = 0.3", "review_at = 0.0"));
         let routes = format!(
             r#"
             [proxy]
@@ -108,10 +112,28 @@ fn setup() -> &'static Setup {
             host_header = "upstream"
 
             [[routes]]
+            name = "hold"
+            path_prefix = "/echo/hold"
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["/text"]
+            policy = "{review_policy}"
+
+            [[routes]]
+            name = "strict"
+            path_prefix = "/echo/strict"
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["/text"]
+            policy = "{review_policy}"
+            on_review = "block"
+
+            [[routes]]
             name = "app"
             upstream = ["{app}"]
             "#,
             app = app.url(),
+            review_policy = review_policy.display(),
         );
         let config = config_with_routes(&common::repo().join("policies"), &routes);
         let (proxy, admin, _) = common::start_with_admin(config, Default::default(), None);
@@ -343,39 +365,29 @@ async fn http2_both_sides() {
 }
 
 #[tokio::test]
-async fn review_follows_the_route_mapping() {
-    // A policy where every model verdict is at least `review`.
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let dir = common::policies_with_routing("proxy-review", &routing.replace("review_at = 0.3", "review_at = 0.0"));
-    let app = app::start();
-    let routes = format!(
-        r#"
-        [[routes]]
-        name = "hold"
-        path_prefix = "/echo/hold"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-
-        [[routes]]
-        name = "strict"
-        path_prefix = "/echo/strict"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        on_review = "block"
-        "#,
-        app = app.url()
-    );
-    let proxy = common::start(config_with_routes(&dir, &routes));
+async fn routes_can_name_their_own_policy_and_review_follows_the_route_mapping() {
+    let s = setup();
     let body = json!({"text": BENIGN}).to_string();
-    let reply = post_json(proxy, "/echo/hold", body.clone(), &[]).await;
+    let reply = post_json(s.proxy, "/echo/hold", body.clone(), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(header(&app.last().headers, "x-tiergate-action"), "review");
-    let reply = post_json(proxy, "/echo/strict", body, &[]).await;
-    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri == "/echo/hold").unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "review", "the route's policy: review_at = 0");
+    let route_version = header(&seen.headers, "x-tiergate-policy-version").to_string();
+
+    let reply = post_json(s.proxy, "/echo/strict", body.clone(), &[]).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "on_review = block");
     assert_eq!(reply.json()["decision"]["action"], "review");
-    assert_eq!(app.requests().len(), 1);
+    assert_eq!(reply.json()["decision"]["policy_version"], route_version.as_str());
+    assert!(!s.app.requests().iter().any(|r| r.uri == "/echo/strict"));
+
+    // The same text on a route under the live policy is allowed, under another version.
+    let reply = post_json(s.proxy, "/echo/open", body, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri == "/echo/open").unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "allow");
+    assert_ne!(header(&seen.headers, "x-tiergate-policy-version"), route_version);
+    let admin = common::send(s.admin, "GET", "/admin/policy", &[], "").await.json();
+    assert_eq!(admin["route_policies"][0]["version"], route_version.as_str(), "{admin}");
 }
 
 /// Sends raw bytes, returns the status code of the first response (0 if the connection closed

@@ -225,6 +225,9 @@ async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<B
             if let Some(shadow) = &g.shadow {
                 status["shadow"] = json!({"share": shadow.share, "status": shadow.policies.status()});
             }
+            if !g.route_policies.is_empty() {
+                status["route_policies"] = g.route_policies.values().map(|p| json!(p.status())).collect();
+            }
             Ok(json_response(StatusCode::OK, &status))
         }
         // Reading files and compiling rules is blocking work: keep it off the async workers.

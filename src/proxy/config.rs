@@ -123,6 +123,10 @@ pub struct ScreenConfig {
     /// Decision budget, ms; absent: `server.default_deadline_ms`.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Policy directory for this route (its own thresholds, cascade and rules; watched and
+    /// reloaded like `policies.dir`); absent: the live policy.
+    #[serde(default)]
+    pub policy: Option<std::path::PathBuf>,
 }
 
 fn default_screen_body() -> usize {

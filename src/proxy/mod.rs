@@ -476,8 +476,9 @@ impl Proxy {
             Some(guard) if guard::applies(&parts.headers) => {
                 // The guard may end the stream early: the app's length no longer holds.
                 parts.headers.remove(header::CONTENT_LENGTH);
+                let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());
                 guard::spawn(
-                    gateway.policies.snapshot(),
+                    gateway.policy_store(policy).snapshot(),
                     gateway.metrics.stream_guard.clone(),
                     route.name.clone(),
                     guard.clone(),

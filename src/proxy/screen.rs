@@ -151,7 +151,7 @@ where
         Ok(request) => request,
         Err(e) => return (Err(e), outgoing),
     };
-    (gateway.classify(request, request_id).await, outgoing)
+    (gateway.classify_under(screen.config.policy.as_deref(), request, request_id).await, outgoing)
 }
 
 /// Reads and parses the JSON body, keeping every byte read for forwarding.

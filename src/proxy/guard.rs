@@ -201,6 +201,12 @@ impl Guard {
                     self.generated.push_str(&text);
                 }
             }
+            if self.partial_event.len() > MAX_PARTIAL_EVENT {
+                // Not SSE as it should be (no blank line for this long): read the bytes as they
+                // are and let them go, rather than hold the rest of the stream.
+                let event = std::mem::take(&mut self.partial_event);
+                self.generated.push_str(&String::from_utf8_lossy(&event));
+            }
         } else {
             let mut bytes = std::mem::take(&mut self.utf8_carry);
             bytes.extend_from_slice(data);
@@ -333,6 +339,9 @@ impl Guard {
         true
     }
 }
+
+/// The longest incomplete SSE event held back whole; longer, its bytes are read as plain text.
+const MAX_PARTIAL_EVENT: usize = 64 * 1024;
 
 /// Characters that end a sentence (and so trigger an evaluation).
 const SENTENCE_ENDS: [char; 7] = ['.', '!', '?', '\n', '。', '！', '？'];
@@ -596,6 +605,15 @@ mod tests {
         let frames = guard(true, config(100, 4096), vec![head.into(), tail.into()], Duration::from_millis(400)).await;
         assert_eq!(joined(&frames), event);
         assert!(frames.iter().all(|(_, at)| *at >= 400), "{frames:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_without_end_is_not_held_for_the_whole_stream() {
+        let endless = format!("data: {}", "x".repeat(MAX_PARTIAL_EVENT + 1));
+        let frames =
+            guard(true, config(100, 4096), vec![endless.into(), b"\n\n".to_vec()], Duration::from_secs(5)).await;
+        assert_eq!(frames[0].1, 100, "released by the timer, not at the end of the stream");
+        assert_eq!(joined(&frames).len(), MAX_PARTIAL_EVENT + 9);
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,6 +11,7 @@ use super::{decide, outgoing_body, set_decision_headers, strip_forged, BoxBody, 
 use crate::config::ServerConfig;
 use crate::decision::Decision;
 use crate::gateway::Gateway;
+use crate::metrics::RouteLabels;
 use bytes::Bytes;
 use futures_util::future::{Either, FutureExt, TryFutureExt};
 use http::{Request, Response};
@@ -35,13 +36,25 @@ struct Shared {
 
 impl TierGateLayer {
     /// `screen` is a route's `[routes.screen]` section; `limits` gives the text limit, the default
-    /// deadline and the body-read timeout. Errors name the bad source.
+    /// deadline and the body-read timeout. Errors name the bad source, or a `policy` directory
+    /// the gateway did not load.
     pub fn new(
         gateway: Arc<Gateway>,
         limits: ServerConfig,
         name: impl Into<String>,
         screen: &super::config::ScreenConfig,
     ) -> Result<Self, String> {
+        // The gateway loads the policy directories its config's routes name, and decides under
+        // the live policy for any other: a layer naming one it lacks would silently get that.
+        if let Some(dir) = &screen.policy {
+            if !gateway.route_policies.contains_key(dir) && gateway.policies.dir() != dir.as_path() {
+                return Err(format!(
+                    "`screen.policy` {} is not a policy directory the gateway loaded (`policies.dir` or a route's \
+                     `[routes.screen] policy` in the config it started with)",
+                    dir.display()
+                ));
+            }
+        }
         let screen = Screen::new(screen)?;
         Ok(TierGateLayer { shared: Arc::new(Shared { gateway, limits, screen, name: name.into() }) })
     }
@@ -73,6 +86,13 @@ where
         Next::Respond(response) => return Err(response),
         Next::Forward(screening) => screening,
     };
+    // Counted as a proxied route counts what it forwards, so that `outcome` adds up to every
+    // request the layer saw (blocked and refused ones are counted by `decide`).
+    let outcome = match &screening {
+        Screening::Decided(_) => "forwarded",
+        Screening::Failed(_) => "unscreened",
+    };
+    shared.gateway.metrics.proxy_requests.get_or_create(&RouteLabels { route: shared.name.clone(), outcome }).inc();
     strip_forged(&mut parts.headers);
     set_decision_headers(&mut parts.headers, &screening);
     if let Screening::Decided(decision) = screening {

@@ -1,8 +1,7 @@
 //! A real upstream app for proxy tests: a small hyper server that records what it receives.
 //!
 //! Routes (any method):
-//! * `/echo...` — answers 200 with the request body streamed back unchanged, and the request's
-//!   method, path and headers recorded (see [`AppHandle::requests`]);
+//! * `/echo...` — answers 200 with the request body streamed back unchanged;
 //! * `/bytes?n=N` — streams N bytes (a repeating pattern, see [`pattern`]) in 16 KiB chunks;
 //! * `/slow?ms=N` — waits N ms before the response head;
 //! * `/stall` — sends the head and one chunk, then nothing;
@@ -11,6 +10,8 @@
 //!   `gap_ms` apart, then `data: [DONE]`;
 //! * `/text?chunks=a|b|c&gap_ms=N` — the same pieces as chunked `text/plain`.
 //! Everything else: 200 `{"app": true}`.
+//! Every request's method, URI, version and headers are recorded ([`AppHandle::requests`]),
+//! with the body for `/echo`.
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -49,7 +50,7 @@ impl AppHandle {
         format!("http://{}", self.addr())
     }
 
-    /// Requests received so far (those on `/echo` once their body was read).
+    /// Requests received so far (those on `/echo` once their body was read, with it).
     pub fn requests(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
@@ -122,6 +123,16 @@ fn streamed(content_type: &str, pieces: Vec<Bytes>, gap: Duration) -> Response<B
 async fn serve(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let gap = Duration::from_millis(query(&req, "gap_ms").and_then(|v| v.parse().ok()).unwrap_or(0));
+    if !path.starts_with("/echo") {
+        // Recorded at once, body unread (`/echo` records after reading it).
+        handle.seen.lock().unwrap().push(Seen {
+            method: req.method().to_string(),
+            uri: req.uri().to_string(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            body: Bytes::new(),
+        });
+    }
     match path.as_str() {
         p if p.starts_with("/echo") => {
             let (parts, body) = req.into_parts();

@@ -142,7 +142,7 @@ impl Metrics {
         );
         registry.register(
             "stream_guard_evaluations",
-            "Stream-guard evaluations of streamed responses by route and outcome (pass, cut)",
+            "Stream-guard evaluations of streamed responses by route and outcome (pass, cut, unreadable: compressed)",
             stream_guard.clone(),
         );
         registry.register(

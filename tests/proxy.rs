@@ -167,8 +167,13 @@ async fn post_json(addr: SocketAddr, path: &str, body: String, extra: &[(&str, &
 #[tokio::test]
 async fn allowed_requests_reach_the_app_with_the_decision() {
     let s = setup();
-    let reply =
-        post_json(s.proxy, "/echo/chat?x=1", chat(BENIGN), &[("x-country", "NL"), ("host", "shop.example")]).await;
+    // A client claiming https and an earlier hop: the scheme is not trusted (no
+    // `trust_forwarded_headers`), the hop is kept and tiergate's peer appended.
+    let claims =
+        [("x-forwarded-proto", "https"), ("x-forwarded-for", "10.0.0.1"), ("x-forwarded-host", "evil.example")];
+    let mut headers = vec![("x-country", "NL"), ("host", "shop.example")];
+    headers.extend(claims);
+    let reply = post_json(s.proxy, "/echo/chat?x=1", chat(BENIGN), &headers).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&reply.body));
     assert_eq!(reply.body, Bytes::from(chat(BENIGN)), "the app echoes the body it got: unchanged");
     let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from(chat(BENIGN))).unwrap();
@@ -180,7 +185,7 @@ async fn allowed_requests_reach_the_app_with_the_decision() {
     assert!(["cpu", "gpu", "rules"].contains(&header(h, "x-tiergate-tier")));
     assert!(!header(h, "x-tiergate-policy-version").is_empty());
     assert_eq!(header(h, "x-request-id"), header(&reply.headers, "x-request-id"), "one id end to end");
-    assert_eq!(header(h, "x-forwarded-for"), "127.0.0.1");
+    assert_eq!(header(h, "x-forwarded-for"), "10.0.0.1, 127.0.0.1");
     assert_eq!(header(h, "x-forwarded-proto"), "http");
     assert_eq!(header(h, "x-forwarded-host"), "shop.example");
     assert_eq!(header(h, "host"), "shop.example", "host_header = preserve");

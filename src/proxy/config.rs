@@ -20,6 +20,9 @@ pub struct ProxyConfig {
     pub eject_after_failures: u32,
     /// How long an ejected address stays out before it gets a probe request again, ms.
     pub eject_ms: u64,
+    /// Keep the client's `X-Forwarded-Proto` / `-Host` (set it when tiergate sits behind a
+    /// trusted proxy such as a TLS terminator); otherwise tiergate sets them itself.
+    pub trust_forwarded_headers: bool,
 }
 
 impl Default for ProxyConfig {
@@ -31,6 +34,7 @@ impl Default for ProxyConfig {
             via: "tiergate".into(),
             eject_after_failures: 5,
             eject_ms: 5000,
+            trust_forwarded_headers: false,
         }
     }
 }

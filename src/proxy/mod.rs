@@ -278,6 +278,7 @@ pub struct Proxy {
     http1: Client<HttpConnector, BoxBody>,
     http2: Client<HttpConnector, BoxBody>,
     via: Option<String>,
+    trust_forwarded: bool,
 }
 
 impl Proxy {
@@ -307,7 +308,13 @@ impl Proxy {
                 .build(connector.clone())
         };
         let via = (!config.via.trim().is_empty()).then(|| config.via.trim().to_string());
-        Ok(Some(Proxy { routes, http1: client(false), http2: client(true), via }))
+        Ok(Some(Proxy {
+            routes,
+            http1: client(false),
+            http2: client(true),
+            via,
+            trust_forwarded: config.trust_forwarded_headers,
+        }))
     }
 
     /// The first route that matches, in configuration order.
@@ -356,7 +363,11 @@ impl Proxy {
         screened: Option<&Screening>,
     ) -> Response<BoxBody> {
         let original_host = request_host_header(&parts);
-        prepare_request_headers(&mut parts, self.via.as_deref(), screened);
+        prepare_request_headers(&mut parts, self.via.as_deref(), self.trust_forwarded, screened);
+        if route.guard.is_some() {
+            // The guard reads the app's text as it flows: ask for it uncompressed.
+            parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
         parts.version = if route.http2 { Version::HTTP_2 } else { Version::HTTP_11 };
         // A body we hold whole can be sent again; a streamed one only once.
         let replayable = match &body {
@@ -486,6 +497,13 @@ impl Proxy {
                     body,
                 )
             }
+            Some(_) if guard::encoded(&parts.headers) => {
+                // Asked for identity coding and got a compressed body anyway: it passes unread.
+                tracing::warn!(route = %route.name, "compressed response on a guarded route; not screened");
+                let labels = RouteLabels { route: route.name.clone(), outcome: "unreadable" };
+                gateway.metrics.stream_guard.get_or_create(&labels).inc();
+                body
+            }
             _ => body,
         };
         Response::from_parts(parts, body)
@@ -613,7 +631,12 @@ fn append_via(headers: &mut HeaderMap, version: Version, pseudonym: &str) {
 
 /// The request as the app gets it: hop-by-hop headers out, any client-sent `x-tiergate-*`
 /// out (a client must not be able to forge a decision), forwarding headers and the decision in.
-fn prepare_request_headers(parts: &mut http::request::Parts, via: Option<&str>, screened: Option<&Screening>) {
+fn prepare_request_headers(
+    parts: &mut http::request::Parts,
+    via: Option<&str>,
+    trust_forwarded: bool,
+    screened: Option<&Screening>,
+) {
     let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
     let host = request_host_header(parts);
     let headers = &mut parts.headers;
@@ -622,20 +645,31 @@ fn prepare_request_headers(parts: &mut http::request::Parts, via: Option<&str>, 
     // A single Host; for HTTP/2 clients the authority is set per attempt.
     headers.remove(header::HOST);
     if let Some(ip) = peer {
-        let value = match header_str(headers, "x-forwarded-for") {
-            Some(earlier) => format!("{earlier}, {ip}"),
-            None => ip.to_string(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        // Every earlier line, in order, then the client's address (as nginx's
+        // `$proxy_add_x_forwarded_for`); the app decides how many hops it trusts.
+        let mut chain: Vec<String> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        chain.push(ip.to_string());
+        if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
             headers.insert("x-forwarded-for", v);
         }
     }
-    // Kept when an earlier proxy (a TLS terminator) set them: it knows the original scheme/host.
-    if !headers.contains_key("x-forwarded-proto") {
+    // A client could claim any scheme or host: only a trusted front proxy (a TLS terminator)
+    // may set these, and then it knows better than tiergate.
+    let keep = |headers: &HeaderMap, name: &str| trust_forwarded && headers.contains_key(name);
+    if !keep(headers, "x-forwarded-proto") {
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
     }
-    if let (false, Some(host)) = (headers.contains_key("x-forwarded-host"), host) {
-        headers.insert("x-forwarded-host", host);
+    if !keep(headers, "x-forwarded-host") {
+        match host {
+            Some(host) => headers.insert("x-forwarded-host", host),
+            None => headers.remove("x-forwarded-host"),
+        };
     }
     if let Some(via) = via {
         append_via(headers, parts.version, via);

@@ -55,7 +55,7 @@ pub enum ApiError {
     #[error("ambiguous message framing: {0}")]
     BadFraming(String),
     /// 403: a screened route's decision blocks the request; the body carries the decision.
-    #[error("blocked by policy ({})", .0.rule.as_deref().unwrap_or(.0.tier.as_str()))]
+    #[error("{}", blocked_message(.0))]
     Blocked(Box<crate::decision::Decision>),
     /// 502: the app could not be reached or did not answer properly.
     #[error("upstream of route `{route}` failed: {reason}")]
@@ -149,6 +149,13 @@ impl ApiError {
             _ => {}
         }
         response
+    }
+}
+
+fn blocked_message(d: &crate::decision::Decision) -> String {
+    match &d.rule {
+        Some(rule) => format!("blocked by policy: rule `{rule}` (risk score {:.2})", d.risk_score),
+        None => format!("blocked by policy: risk score {:.2} from the {} tier", d.risk_score, d.tier.as_str()),
     }
 }
 

@@ -77,7 +77,14 @@ where
     let (mut parts, body) = req.into_parts();
     let request_id = match parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
         Some(id) => id.to_string(),
-        None => uuid::Uuid::new_v4().to_string(),
+        None => {
+            // The inner service sees the id the decision carries.
+            let id = uuid::Uuid::new_v4().to_string();
+            if let Ok(v) = http::HeaderValue::from_str(&id) {
+                parts.headers.insert("x-request-id", v);
+            }
+            id
+        }
     };
     let (outcome, outgoing) =
         screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id).await;

@@ -364,8 +364,8 @@ fn expand_env(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {
                     return Err(format!(
-                        "environment variable `{name}` is not set (write `${{{name}:-default}}` for a default)"
-                    ))
+                    "environment variable `{name}` is not set or is empty (write `${{{name}:-default}}` for a default)"
+                ))
                 }
             }
             rest = &inner[end + 1..];

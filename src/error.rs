@@ -54,6 +54,13 @@ pub enum ApiError {
     /// `Transfer-Encoding`, or more than one `Content-Length` (RFC 9112 §6.3).
     #[error("ambiguous message framing: {0}")]
     BadFraming(String),
+    /// 400: a request target or `Host` that routes could read differently from the app: an
+    /// encoded `/` in the path, broken percent-encoding, several `Host` headers, none in HTTP/1.1.
+    #[error("bad request target: {0}")]
+    BadTarget(String),
+    /// 501: a transfer coding other than `chunked` (RFC 9112 §6.1).
+    #[error("{0} is not implemented; send the body unencoded or chunked")]
+    NotImplemented(String),
     /// 403: a screened route's decision blocks the request; the body carries the decision.
     #[error("{}", blocked_message(.0))]
     Blocked(Box<crate::decision::Decision>),
@@ -75,8 +82,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) => StatusCode::BAD_REQUEST,
+            ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) | ApiError::BadTarget(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Blocked(_) => StatusCode::FORBIDDEN,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -108,7 +118,9 @@ impl ApiError {
             ApiError::Shed { .. } => "overloaded",
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::BadFraming(_) => "bad_framing",
+            ApiError::BadTarget(_) => "bad_request_target",
             ApiError::Blocked(_) => "blocked",
+            ApiError::NotImplemented(_) => "not_implemented",
             ApiError::BadGateway { .. } => "bad_gateway",
             ApiError::GatewayTimeout { .. } => "upstream_timeout",
             ApiError::Internal(_) => "internal",

@@ -200,8 +200,8 @@ fn serve(
                 }
             });
         }
-        let admin = Arc::new(App::admin(Arc::clone(&gateway), &config));
-        let app = Arc::new(App::public(gateway, &config).map_err(anyhow::Error::msg)?);
+        let (app, admin) = App::pair(gateway, &config).map_err(anyhow::Error::msg)?;
+        let (app, admin) = (Arc::new(app), Arc::new(admin));
         let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(tiergate::serve(admin_listener, admin, async {
             let _ = admin_stopped.await;

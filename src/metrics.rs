@@ -64,6 +64,13 @@ pub struct RouteLabels {
     pub outcome: &'static str,
 }
 
+/// One app address of a proxy route.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    pub route: String,
+    pub upstream: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub decisions: Family<DecisionLabels, Counter>,
@@ -90,6 +97,7 @@ pub struct Metrics {
     pub proxy_requests: Family<RouteLabels, Counter>,
     pub proxy_upstream_latency: Family<RouteLabels, Histogram>,
     pub stream_guard: Family<RouteLabels, Counter>,
+    pub proxy_upstream_ejected: Family<UpstreamLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -130,6 +138,12 @@ impl Metrics {
             Histogram::new(exponential_buckets(50e-6, 2.0, 20))
         });
         let stream_guard = Family::<RouteLabels, Counter>::default();
+        let proxy_upstream_ejected = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "proxy_upstream_ejected",
+            "1 while a route's app address is ejected after consecutive failures (as of the last scrape)",
+            proxy_upstream_ejected.clone(),
+        );
         registry.register(
             "proxy_requests",
             "Proxied requests by route and outcome (forwarded, blocked, unscreened, refused, upstream_error, upstream_timeout)",
@@ -208,6 +222,7 @@ impl Metrics {
             proxy_requests,
             proxy_upstream_latency,
             stream_guard,
+            proxy_upstream_ejected,
         }
     }
 

@@ -130,6 +130,20 @@ fn setup() -> &'static Setup {
             on_review = "block"
 
             [[routes]]
+            name = "hosted"
+            host = "api.example.com"
+            path_prefix = "/echo/hosted"
+            upstream = ["{app}"]
+            [routes.screen]
+            text = ["/text"]
+
+            [[routes]]
+            name = "upload"
+            path_prefix = "/echo/upload-slow"
+            upstream = ["{app}"]
+            response_header_timeout_ms = 300
+
+            [[routes]]
             name = "app"
             upstream = ["{app}"]
             "#,
@@ -495,6 +509,15 @@ async fn hostile_requests_are_refused_without_disturbing_others() {
             408,
             false,
         ),
+        (
+            "a transfer coding other than chunked",
+            "POST /echo/hostile/11 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".into(),
+            501,
+            false,
+        ),
+        ("two Host headers", "GET /echo/hostile/12 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into(), 400, false),
+        ("HTTP/1.1 without Host", "GET /echo/hostile/13 HTTP/1.1\r\n\r\n".into(), 400, false),
+        ("an encoded slash", "GET /echo%2Fhostile/14 HTTP/1.1\r\nHost: x\r\n\r\n".into(), 400, false),
         // Slowloris: half a head, then nothing. hyper drops the connection at
         // `header_read_timeout_ms` without an answer (0 = closed with no response).
         ("slow headers", "GET /echo/hostile/10 HTTP/1.1\r\nHost: x\r\nX-Slow: ".into(), 0, false),
@@ -510,8 +533,11 @@ async fn hostile_requests_are_refused_without_disturbing_others() {
     let statuses = good.await.unwrap();
     assert!(statuses.len() > 5 && statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
     let seen = s.app.requests();
-    for (i, (what, _, _, may_reach)) in table.iter().enumerate() {
-        let path = format!("/echo/hostile/{}", i + 1);
+    for (what, request, _, may_reach) in &table {
+        let path = request.split_whitespace().nth(1).unwrap();
+        if !path.starts_with("/echo/hostile/") {
+            continue; // the screened-route cases: checked by their status
+        }
         let reached: Vec<_> = seen.iter().filter(|r| r.uri == path).collect();
         assert_eq!(!reached.is_empty(), *may_reach, "{what}");
         for r in reached {
@@ -572,4 +598,77 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+#[tokio::test]
+async fn every_spelling_of_a_screened_path_is_screened() {
+    let s = setup();
+    for path in ["/echo/%63hat", "//echo/chat", "/echo/./chat", "/x/../echo/chat", "/%65cho/chat/", "/echo//chat"] {
+        let reply = post_json(s.proxy, path, chat(PHISHING), &[]).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path} was not screened");
+    }
+    let reply = post_json(s.proxy, "/echo%2Fchat", chat(PHISHING), &[]).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.json()["error"]["code"], "bad_request_target");
+    // The app gets the path tiergate routed on.
+    let reply = post_json(s.proxy, "/echo/%63hat/../chat", chat("see you at %63 noon"), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(s
+        .app
+        .requests()
+        .iter()
+        .any(|r| r.uri == "/echo/chat" && r.body == Bytes::from(chat("see you at %63 noon"))));
+    // The fully qualified host is the same host; an absolute-form target's host is the one routed
+    // on and the one forwarded.
+    let text = json!({"text": PHISHING}).to_string();
+    let reply = post_json(s.proxy, "/echo/hosted", text.clone(), &[("host", "api.example.com.")]).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    let request = format!(
+        "POST http://other.example/echo/hosted HTTP/1.1\r\nHost: api.example.com\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+        text.len()
+    );
+    assert_eq!(raw(s.proxy, request.as_bytes(), Duration::from_secs(3)).await, Some(200));
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri.ends_with("/echo/hosted")).unwrap();
+    assert_eq!(header(&seen.headers, "host"), "other.example", "unscreened, so not under the screened host's name");
+}
+
+#[tokio::test]
+async fn every_value_of_a_repeated_source_is_screened() {
+    let s = setup();
+    let q = form_urlencoded::byte_serialize(PHISHING.as_bytes()).collect::<String>();
+    let reply = common::send(s.proxy, "GET", &format!("/echo/monitor/dup?q=hello&q={q}"), &[], "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri.starts_with("/echo/monitor/dup")).unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "block");
+}
+
+#[tokio::test]
+async fn a_client_breaking_its_own_upload_is_not_the_apps_failure() {
+    let s = setup();
+    // More broken uploads than `eject_after_failures` (2): each is the client's 400, and the app
+    // stays in rotation for everyone else.
+    for _ in 0..4 {
+        let broken = "POST /echo/broken HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n";
+        assert_eq!(raw(s.proxy, broken.as_bytes(), Duration::from_secs(3)).await, Some(400));
+    }
+    let reply = common::send(s.proxy, "GET", "/echo/after-broken", &[], "").await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", String::from_utf8_lossy(&reply.body));
+
+    // A slow upload (1 s) on a route whose response-head timeout is 300 ms: the timeout starts
+    // when the body has been sent.
+    let mut stream = tokio::net::TcpStream::connect(s.proxy).await.unwrap();
+    stream
+        .write_all(b"POST /echo/upload-slow HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for piece in ["slow ", "but ", "steady ", "upload"] {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        stream.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes()).await.unwrap();
+    }
+    stream.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "{:?}", String::from_utf8_lossy(&head));
+    let seen = s.app.requests().into_iter().find(|r| r.uri == "/echo/upload-slow").unwrap();
+    assert_eq!(seen.body, Bytes::from("slow but steady upload"));
 }

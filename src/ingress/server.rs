@@ -34,25 +34,26 @@ pub struct App {
 }
 
 impl App {
-    /// The public listener's app: the configured `[[routes]]`, then tiergate's own endpoints.
-    pub fn public(gateway: Arc<Gateway>, config: &Config) -> Result<App, String> {
-        let proxy = Proxy::new(&config.proxy, &config.routes)?;
-        Ok(App { gateway, limits: config.server.clone(), role: Role::Public { proxy } })
-    }
-
-    /// The admin listener's app (`[admin]`).
-    pub fn admin(gateway: Arc<Gateway>, config: &Config) -> App {
-        App { gateway, limits: config.server.clone(), role: Role::Admin { token: config.admin.token.clone() } }
+    /// The public listener's app (the configured `[[routes]]`, then tiergate's own endpoints) and
+    /// the admin listener's (`[admin]`), sharing the routes' upstream state.
+    pub fn pair(gateway: Arc<Gateway>, config: &Config) -> Result<(App, App), String> {
+        let proxy = Proxy::new(&config.proxy, &config.routes)?.map(Arc::new);
+        let admin = App {
+            gateway: Arc::clone(&gateway),
+            limits: config.server.clone(),
+            role: Role::Admin { token: config.admin.token.clone(), proxy: proxy.clone() },
+        };
+        Ok((App { gateway, limits: config.server.clone(), role: Role::Public { proxy } }, admin))
     }
 }
 
 /// Which routes a listener serves. Admin routes are never served on the public listener.
 pub enum Role {
     /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
-    Public { proxy: Option<Proxy> },
+    Public { proxy: Option<Arc<Proxy>> },
     /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and the
     /// unauthenticated probes `/healthz`, `/readyz`, `/metrics`.
-    Admin { token: Option<String> },
+    Admin { token: Option<String>, proxy: Option<Arc<Proxy>> },
 }
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
@@ -125,16 +126,22 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
 /// Refuses ambiguous framing, then hands the request to its proxy route (which applies the
 /// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
 /// bounds slow-body clients).
-async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
-    let response = if let Err(e) = check_framing(req.headers()) {
-        boxed(e.into_response())
-    } else if let Role::Public { proxy: Some(proxy) } = &app.role {
-        match proxy.route(&req) {
+async fn handle(app: &App, mut req: Request<Incoming>) -> Response<Body> {
+    let proxy = match &app.role {
+        Role::Public { proxy: Some(proxy) } => Some(proxy),
+        _ => None,
+    };
+    let checked = check_framing(req.headers()).and_then(|()| match proxy {
+        Some(_) => crate::proxy::normalize::request(&mut req),
+        None => Ok(()),
+    });
+    let response = match (checked, proxy) {
+        (Err(e), _) => boxed(e.into_response()),
+        (Ok(()), Some(proxy)) => match proxy.route(&req) {
             Some(route) => proxy.handle(&app.gateway, &app.limits, route, req).await,
             None => own_endpoints(app, req).await,
-        }
-    } else {
-        own_endpoints(app, req).await
+        },
+        (Ok(()), None) => own_endpoints(app, req).await,
     };
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
@@ -152,6 +159,19 @@ fn check_framing(headers: &http::HeaderMap) -> Result<(), ApiError> {
     if lengths == 1 && headers.contains_key(header::TRANSFER_ENCODING) {
         return Err(ApiError::BadFraming("both Content-Length and Transfer-Encoding".into()));
     }
+    // hyper frames by a final `chunked` and passes other codings through undecoded: a body
+    // `gzip, chunked` would reach the app with its coding dropped (RFC 9112 §6.1: 501).
+    let codings: Vec<String> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes()).split(',').map(|c| c.trim().to_ascii_lowercase()).collect::<Vec<_>>()
+        })
+        .filter(|c| !c.is_empty())
+        .collect();
+    if codings.iter().any(|c| c != "chunked") {
+        return Err(ApiError::NotImplemented(format!("transfer coding `{}`", codings.join(", "))));
+    }
     Ok(())
 }
 
@@ -166,7 +186,7 @@ async fn own_endpoints(app: &App, req: Request<Incoming>) -> Response<Body> {
 async fn route(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    if let Role::Admin { token } = &app.role {
+    if let Role::Admin { token, .. } = &app.role {
         // Probes and scrapes need no token: they change nothing and kubelet/Prometheus carry none.
         match (path.as_str(), &method) {
             ("/healthz", &Method::GET | &Method::HEAD) => {
@@ -305,7 +325,7 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
         },
         "signals": snapshot,
     });
-    if let Role::Public { proxy: Some(proxy) } = &app.role {
+    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
         body["routes"] = proxy.status();
     }
     json_response(if cpu_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
@@ -332,6 +352,9 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
                 m.gpu_utilization.get_or_create(&device).set(u);
             }
         }
+    }
+    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
+        proxy.export(m);
     }
     let mut response = Response::new(Full::new(Bytes::from(g.metrics.encode())));
     response.headers_mut().insert(

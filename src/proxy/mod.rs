@@ -11,6 +11,7 @@
 pub mod config;
 pub mod guard;
 pub mod layer;
+pub mod normalize;
 pub mod screen;
 
 use crate::balance::{Balancer, BalancerConfig, Readmit};
@@ -85,8 +86,11 @@ pub const RULE_HEADER: &str = "x-tiergate-rule";
 /// Why a fail-open route forwarded a request unscreened.
 pub const SCREEN_ERROR_HEADER: &str = "x-tiergate-screen-error";
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1, plus the non-standard `Keep-Alive` and
-/// `Proxy-Connection`), never forwarded. `Transfer-Encoding` is re-framed by each hop.
+/// Hop-by-hop headers (RFC 9110 §7.6.1: `Connection`, `Proxy-Connection`, `Keep-Alive`, `TE`,
+/// `Transfer-Encoding`, `Upgrade`), never forwarded as they are; plus `Proxy-Authorization` /
+/// `Proxy-Authenticate`, which are for the proxy itself. `Transfer-Encoding` is re-framed by
+/// each hop; `TE: trailers` is passed on (see [`prepare_request_headers`]); `Trailer` is
+/// end-to-end and kept.
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -94,8 +98,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// The client's address, put in each request's extensions by the server.
@@ -186,6 +190,13 @@ impl Route {
                 return Err(named(format!("`{field}` must be at least 1")));
             }
         }
+        if c.http2 && !matches!(host_header, HostHeader::Upstream) {
+            return Err(named(
+                "with `http2 = true` the app gets its own address as `:authority`; set `host_header = \"upstream\"` \
+                 (the client's host is in X-Forwarded-Host)"
+                    .into(),
+            ));
+        }
         let screen = c.screen.as_ref().map(Screen::new).transpose().map_err(named)?;
         if let Some(g) = &c.stream_guard {
             if g.enabled && (g.buffer_ms == 0 || g.window_bytes == 0 || g.cut_on.is_empty()) {
@@ -238,7 +249,8 @@ impl Route {
         }
         match &self.host {
             None => true,
-            Some(want) => request_host(req).is_some_and(|h| h.eq_ignore_ascii_case(want)),
+            // `api.example.com.` (the fully qualified form) is the same host.
+            Some(want) => request_host(req).is_some_and(|h| h.trim_end_matches('.').eq_ignore_ascii_case(want)),
         }
     }
 }
@@ -269,6 +281,9 @@ fn parse_upstream(url: &str) -> Result<Upstream, String> {
         return Err(format!("upstream `{url}` must be a base URL without a path (the request's path is kept)"));
     }
     let authority = uri.authority().cloned().ok_or_else(|| format!("upstream `{url}` has no host"))?;
+    if authority.as_str().rsplit_once(':').is_some_and(|(_, p)| !p.ends_with(']')) && authority.port_u16().is_none() {
+        return Err(format!("upstream `{url}`: the port is not a number from 1 to 65535"));
+    }
     Ok(Upstream { scheme: Scheme::HTTP, authority })
 }
 
@@ -320,6 +335,16 @@ impl Proxy {
     /// The first route that matches, in configuration order.
     pub fn route<B>(&self, req: &Request<B>) -> Option<&Route> {
         self.routes.iter().find(|r| r.matches(req))
+    }
+
+    /// Sets `tiergate_proxy_upstream_ejected{route, upstream}` (called at each scrape).
+    pub fn export(&self, metrics: &crate::metrics::Metrics) {
+        for route in &self.routes {
+            for member in route.balancer.status() {
+                let labels = crate::metrics::UpstreamLabels { route: route.name.clone(), upstream: member.url };
+                metrics.proxy_upstream_ejected.get_or_create(&labels).set(member.ejected as i64);
+            }
+        }
     }
 
     /// Each route's upstream addresses and their balancing state (for `/readyz`).
@@ -417,10 +442,28 @@ impl Proxy {
                 Some(b) => b,
                 None => replayable.clone().map(full).unwrap_or_else(empty),
             };
-            let request = request.map(|()| body);
+            let (body, mut upload) = Tracked::new(body, route.body_idle_timeout);
+            let request = request.map(|()| BoxBody::new(body));
             let sent = Instant::now();
-            let result = tokio::time::timeout(route.response_header_timeout, client.request(request)).await;
+            // The response-head timeout runs from the end of the upload: a large or slow upload
+            // is bounded by the body idle timeout instead, and is not the app's delay.
+            let head_timeout = route.response_header_timeout;
+            let result = tokio::select! {
+                result = client.request(request) => Ok(result),
+                _ = async {
+                    let _ = upload.wait_for(|u| *u != Upload::Sending).await;
+                    tokio::time::sleep(head_timeout).await;
+                } => Err(()),
+            };
+            let upload = *upload.borrow();
             match result {
+                Ok(Err(e)) if upload == Upload::Failed => {
+                    // Not the app's fault: no failure recorded against its address.
+                    let reason = error_chain(&e);
+                    tracing::info!(route = %route.name, error = %reason, "the client's request body failed");
+                    count(gateway, &route.name, "client_error");
+                    return boxed(ApiError::BodyRead(client_body_error(&reason)).into_response());
+                }
                 Ok(Ok(response)) => {
                     let status = response.status();
                     gateway
@@ -450,12 +493,17 @@ impl Proxy {
                     }
                     tracing::warn!(route = %route.name, upstream = %pick.url(), error = %reason, "upstream request failed");
                     count(gateway, &route.name, "upstream_error");
+                    // The details (addresses, errors) go to the log, not to the client.
+                    let reason = if e.is_connect() {
+                        "could not connect to the app"
+                    } else {
+                        "the app closed the connection or sent an invalid response"
+                    };
                     return boxed(
-                        ApiError::BadGateway { route: route.name.clone(), reason: format!("{}: {reason}", pick.url()) }
-                            .into_response(),
+                        ApiError::BadGateway { route: route.name.clone(), reason: reason.into() }.into_response(),
                     );
                 }
-                Err(_) => {
+                Err(()) => {
                     pick.record(false);
                     count(gateway, &route.name, "upstream_timeout");
                     let timeout_ms = route.response_header_timeout.as_millis() as u64;
@@ -482,7 +530,7 @@ impl Proxy {
             // The client sees the decision too (the app may also act on it).
             parts.headers.insert(ACTION_HEADER, HeaderValue::from_static(d.action.as_str()));
         }
-        let body = BoxBody::new(IdleTimeout::new(body, route.body_idle_timeout));
+        let body = BoxBody::new(IdleTimeout::new(body, route.body_idle_timeout, "the app's response body"));
         let body = match &route.guard {
             Some(guard) if guard::applies(&parts.headers) => {
                 // The guard may end the stream early: the app's length no longer holds.
@@ -604,13 +652,14 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// Removes every client-sent `x-tiergate-*` header: an app must be able to trust the decision
 /// headers it receives.
 pub(crate) fn strip_forged(headers: &mut HeaderMap) {
-    let forged: Vec<HeaderName> = headers.keys().filter(|k| k.as_str().starts_with("x-tiergate-")).cloned().collect();
+    // `x_tiergate_action` too: some servers (CGI/WSGI) read `_` and `-` as the same.
+    let forged: Vec<HeaderName> =
+        headers.keys().filter(|k| k.as_str().replace('_', "-").starts_with("x-tiergate-")).cloned().collect();
     for name in forged {
         headers.remove(name);
     }
@@ -640,7 +689,12 @@ fn prepare_request_headers(
     let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
     let host = request_host_header(parts);
     let headers = &mut parts.headers;
+    // The client can take trailers: the app may send them (gRPC needs this on HTTP/2).
+    let te_trailers = headers.get_all(header::TE).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     strip_hop_by_hop(headers);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     strip_forged(headers);
     // A single Host; for HTTP/2 clients the authority is set per attempt.
     headers.remove(header::HOST);
@@ -733,6 +787,12 @@ where
     }
 }
 
+/// What a client is told about its own broken body: the innermost cause (hyper's outer layers
+/// name the app-side request, which is not the client's business).
+fn client_body_error(chain: &str) -> String {
+    chain.rsplit(": ").next().unwrap_or(chain).to_string()
+}
+
 /// An error and its sources, `a: b: c` (hyper's own messages say little without their cause).
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut message = error.to_string();
@@ -745,17 +805,19 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-/// A response body that fails when no frame arrives for `limit` (the app stalled mid-stream);
-/// the client sees the stream end with an error instead of hanging.
+/// A body that fails when no frame arrives for `limit`: an app that stalls mid-response, or a
+/// client that stalls mid-upload, ends the stream with an error instead of holding it open.
 struct IdleTimeout<B> {
     inner: B,
     limit: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Whose body, for the error: "the app's response body", "the client's request body".
+    whose: &'static str,
 }
 
 impl<B> IdleTimeout<B> {
-    fn new(inner: B, limit: Duration) -> Self {
-        IdleTimeout { inner, limit, sleep: Box::pin(tokio::time::sleep(limit)) }
+    fn new(inner: B, limit: Duration, whose: &'static str) -> Self {
+        IdleTimeout { inner, limit, sleep: Box::pin(tokio::time::sleep(limit)), whose }
     }
 }
 
@@ -780,7 +842,8 @@ where
             }
             Poll::Pending => match this.sleep.as_mut().poll(cx) {
                 Poll::Ready(()) => {
-                    Poll::Ready(Some(Err(format!("upstream body idle for {} ms", this.limit.as_millis()).into())))
+                    let message = format!("{} sent nothing for {} ms", this.whose, this.limit.as_millis());
+                    Poll::Ready(Some(Err(message.into())))
                 }
                 Poll::Pending => Poll::Pending,
             },
@@ -797,6 +860,67 @@ where
 }
 
 use std::future::Future;
+
+/// Where a request body stands on its way to the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upload {
+    Sending,
+    /// Sent whole: from now on, waiting is the app's doing.
+    Sent,
+    /// The client's body failed (broken framing, reset, stalled): the client's doing.
+    Failed,
+}
+
+/// The request body as the app gets it: idle-limited, and reporting its [`Upload`] state, so
+/// that the response-head timeout starts once the body is sent and a client's broken upload is
+/// not counted against the app.
+struct Tracked {
+    inner: IdleTimeout<BoxBody>,
+    state: tokio::sync::watch::Sender<Upload>,
+}
+
+impl Tracked {
+    fn new(body: BoxBody, idle: Duration) -> (Tracked, tokio::sync::watch::Receiver<Upload>) {
+        let initial = if http_body::Body::is_end_stream(&body) { Upload::Sent } else { Upload::Sending };
+        let (state, watch) = tokio::sync::watch::channel(initial);
+        (Tracked { inner: IdleTimeout::new(body, idle, "the client's request body"), state }, watch)
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => {
+                this.state.send_replace(Upload::Sent);
+            }
+            Poll::Ready(Some(Err(_))) => {
+                this.state.send_replace(Upload::Failed);
+            }
+            // hyper stops polling a body that says it has ended.
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => {
+                this.state.send_replace(Upload::Sent);
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,7 @@ pub enum Source {
     /// element (an extension: RFC 6901's `-` names the element *after* the last).
     Pointer(Vec<String>),
     Header(HeaderName),
-    /// A query parameter, percent-decoded; the first occurrence.
+    /// A query parameter, percent-decoded; every occurrence.
     Query(String),
 }
 
@@ -71,12 +71,24 @@ impl Source {
                 }
                 Some(at.clone())
             }
+            // Every occurrence, joined by newlines: the app may read any of them (the last, or all),
+            // so screening only the first would let a second one through unread.
             Source::Header(name) => {
-                parts.headers.get(name).map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                let values: Vec<String> = parts
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .collect();
+                (!values.is_empty()).then(|| Value::String(values.join("\n")))
             }
-            Source::Query(name) => form_urlencoded::parse(parts.uri.query()?.as_bytes())
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| Value::String(v.into_owned())),
+            Source::Query(name) => {
+                let values: Vec<String> = form_urlencoded::parse(parts.uri.query()?.as_bytes())
+                    .filter(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned())
+                    .collect();
+                (!values.is_empty()).then(|| Value::String(values.join("\n")))
+            }
         }
     }
 }
@@ -296,7 +308,7 @@ mod tests {
         assert_eq!(get(""), Some(body.clone()), "the empty pointer is the whole document");
         assert_eq!(get("header:x-country"), Some(json!("NL")));
         assert_eq!(get("header:x-missing"), None);
-        assert_eq!(get("query:q"), Some(json!("hello there")), "decoded, first occurrence");
+        assert_eq!(get("query:q"), Some(json!("hello there\n2")), "decoded, every occurrence");
         assert!(Source::parse("messages/0").unwrap_err().contains("neither a JSON pointer"));
         assert!(Source::parse("header:bad header").unwrap_err().contains("not a valid header name"));
         let mut text = Vec::new();

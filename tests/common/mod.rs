@@ -57,13 +57,11 @@ pub fn start_with_admin(
             let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send((listener.local_addr().unwrap(), admin_listener.local_addr().unwrap(), Arc::clone(&gateway)))
                 .unwrap();
-            let admin = Arc::new(App {
-                gateway: Arc::clone(&gateway),
-                limits: config.server.clone(),
-                role: tiergate::Role::Admin { token },
-            });
-            tokio::spawn(tiergate::serve(admin_listener, admin, std::future::pending()));
-            let app = Arc::new(App::public(gateway, &config).expect("valid routes"));
+            let mut config = config;
+            config.admin.token = token;
+            let (app, admin) = App::pair(gateway, &config).expect("valid routes");
+            tokio::spawn(tiergate::serve(admin_listener, Arc::new(admin), std::future::pending()));
+            let app = Arc::new(app);
             tiergate::serve(listener, app, std::future::pending()).await.unwrap();
         });
     });

@@ -1,0 +1,135 @@
+//! One view of the request target for tiergate and the app: routes are matched on — and the app
+//! receives — the same normalised path and host, so that no spelling of a path reaches an
+//! app's screened handler through an unscreened route.
+//!
+//! Path (RFC 3986 §6.2.2): percent-encoded unreserved characters are decoded (`%63` is `c`),
+//! other percent-encodings get upper-case hex, runs of `/` are merged, and `.` / `..` segments
+//! removed (§5.2.4). Refused: encoded `/` and `\` (`%2F`, `%5C`: apps differ on whether they
+//! separate segments), encoded control characters and broken percent-encoding.
+//!
+//! Host (RFC 9112 §3.2): an HTTP/1.1 request needs exactly one `Host`; an absolute-form target's
+//! authority replaces `Host` (§3.2.2), so the host routed on is the host forwarded.
+
+use crate::error::ApiError;
+use http::header::HOST;
+use http::{HeaderValue, Request, Uri, Version};
+use std::borrow::Cow;
+
+/// Normalises `req`'s path and `Host` in place, or says why the target is refused (400).
+pub fn request<B>(req: &mut Request<B>) -> Result<(), ApiError> {
+    let hosts = req.headers().get_all(HOST).iter().count();
+    if hosts > 1 {
+        return Err(ApiError::BadTarget(format!("{hosts} Host headers")));
+    }
+    if req.version() == Version::HTTP_11 && hosts == 0 && req.uri().authority().is_none() {
+        return Err(ApiError::BadTarget("an HTTP/1.1 request needs a Host header".into()));
+    }
+    if req.version() <= Version::HTTP_11 {
+        if let Some(authority) = req.uri().authority() {
+            let host = HeaderValue::from_str(authority.as_str())
+                .map_err(|_| ApiError::BadTarget("the request target's authority is not a valid host".into()))?;
+            req.headers_mut().insert(HOST, host);
+        }
+    }
+    let path = path(req.uri().path()).map_err(ApiError::BadTarget)?;
+    if let Cow::Owned(path) = path {
+        let path_and_query = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query =
+            Some(path_and_query.parse().map_err(|_| ApiError::BadTarget("the normalised path is not valid".into()))?);
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| ApiError::BadTarget(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The normalised form of an origin-form path (borrowed when already normal). Paths that do not
+/// start with `/` (`*` of `OPTIONS *`) are left alone.
+pub fn path(raw: &str) -> Result<Cow<'_, str>, String> {
+    if !raw.starts_with('/') {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let mut decoded = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(i) = rest.find('%') {
+        decoded.push_str(&rest[..i]);
+        let hex = rest.get(i + 1..i + 3).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+        let hex = hex.ok_or_else(|| format!("broken percent-encoding in the path at `{}`", &rest[i..]))?;
+        // Two hex digits always parse.
+        let byte = u8::from_str_radix(hex, 16).unwrap_or_default();
+        match byte {
+            b'/' | b'\\' => return Err(format!("encoded `{}` (%{hex}) in the path", byte as char)),
+            0..=0x1f | 0x7f => return Err(format!("encoded control character (%{hex}) in the path")),
+            b if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => decoded.push(b as char),
+            _ => {
+                decoded.push('%');
+                decoded.push_str(&hex.to_ascii_uppercase());
+            }
+        }
+        rest = &rest[i + 3..];
+    }
+    decoded.push_str(rest);
+    let mut segments: Vec<&str> = Vec::new();
+    let mut trailing_slash = false;
+    for segment in decoded.split('/').skip(1) {
+        trailing_slash = matches!(segment, "" | "." | "..");
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut normal = String::with_capacity(decoded.len());
+    for s in &segments {
+        normal.push('/');
+        normal.push_str(s);
+    }
+    if trailing_slash || segments.is_empty() {
+        normal.push('/');
+    }
+    Ok(if normal == raw { Cow::Borrowed(raw) } else { Cow::Owned(normal) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        for (raw, normal) in [
+            ("/v1/chat/completions", "/v1/chat/completions"),
+            ("/v1/%63hat/completions", "/v1/chat/completions"),
+            ("/%761/chat", "/v1/chat"),
+            ("//v1//chat", "/v1/chat"),
+            ("/v1/./chat/../chat/", "/v1/chat/"),
+            ("/../../etc", "/etc"),
+            ("/a%20b%2a", "/a%20b%2A"),
+            ("/", "/"),
+            ("/a/..", "/"),
+            ("*", "*"),
+        ] {
+            assert_eq!(path(raw).unwrap(), normal, "{raw}");
+        }
+        assert!(matches!(path("/v1/chat").unwrap(), Cow::Borrowed(_)));
+        for bad in ["/v1%2Fchat", "/v1%5cchat", "/a%00", "/a%zz", "/a%4"] {
+            assert!(path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hosts() {
+        let mut r = Request::get("http://api.example.com/x").header("host", "other.example").body(()).unwrap();
+        request(&mut r).unwrap();
+        assert_eq!(r.headers()["host"], "api.example.com", "absolute-form authority wins");
+        let mut r = Request::get("/x").header("host", "a").header("host", "b").body(()).unwrap();
+        assert!(request(&mut r).is_err());
+        let mut r = Request::get("/x").body(()).unwrap();
+        assert!(request(&mut r).is_err(), "HTTP/1.1 without Host");
+        let mut r = Request::get("/x").version(Version::HTTP_10).body(()).unwrap();
+        assert!(request(&mut r).is_ok(), "HTTP/1.0 may omit Host");
+    }
+}

@@ -30,7 +30,8 @@
 //!   granularity would otherwise add up to 1 ms of send lag.
 //!
 //! With `--pid PID` it also samples the server (that process and its descendants): resident
-//! memory (sum of VmRSS, peak over 200 ms samples; sum of VmHWM at the end) and CPU time.
+//! memory (sum of VmRSS, peak over 200 ms samples; sum of VmHWM at the end) and CPU time, and
+//! the CPU that other processes used meanwhile (`other_cpu_cores`, to discard disturbed runs).
 //! Without `--url` (plain `cargo bench`) it prints how to use it and exits.
 
 use bytes::Bytes;
@@ -325,6 +326,18 @@ fn cpu_seconds(pid: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Busy CPU seconds of the whole machine (all but idle and iowait), from /proc/stat.
+fn machine_busy_seconds() -> f64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let f: Vec<f64> = s.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+            let total: f64 = f.iter().take(8).sum();
+            Some((total - f.get(3)? - f.get(4)?) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
 fn tree_cpu(tree: &[u32]) -> f64 {
     tree.iter().map(|p| cpu_seconds(&p.to_string())).sum()
 }
@@ -365,6 +378,7 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
     let tree = args.pid.map(process_tree).unwrap_or_default();
     let server_cpu0 = tree_cpu(&tree);
     let client_cpu0 = cpu_seconds("self");
+    let machine0 = machine_busy_seconds();
     let wall0 = std::time::Instant::now();
     let stop_sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
@@ -437,6 +451,7 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
     let wall = wall0.elapsed().as_secs_f64();
     let server_cpu = tree_cpu(&tree) - server_cpu0;
     let client_cpu = cpu_seconds("self") - client_cpu0;
+    let machine = machine_busy_seconds() - machine0;
     let answered_all = samples.iter().filter(|s| matches!(s.outcome, Outcome::Ok | Outcome::Degraded)).count();
 
     let measured: Vec<&Sample> = samples.iter().filter(|s| s.index >= measure_from).collect();
@@ -496,6 +511,8 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
         "server_rss_peak_mb": if tree.is_empty() { serde_json::Value::Null } else { r3(rss_peak_kb as f64 / 1024.0).into() },
         "server_hwm_mb": if tree.is_empty() { serde_json::Value::Null } else { r3(hwm_kb as f64 / 1024.0).into() },
         "server_processes": tree.len(),
+        // CPU that neither the server nor this generator used: other work on the machine.
+        "other_cpu_cores": if tree.is_empty() { serde_json::Value::Null } else { r3((machine - server_cpu - client_cpu).max(0.0) / wall).into() },
         "sustained": sustained,
         "saturated": saturated,
     });

@@ -56,7 +56,10 @@ fn bench_stream(c: &mut Criterion) {
         let batches: &[usize] = if long { &[1, 2, 4, 8] } else { &[1, 2, 4, 8, 16] };
         // One inference at a time on one thread: what one request costs in the 2x1 layout.
         let mut group = c.benchmark_group(format!("ceiling_stream/{kind}/1x1"));
-        group.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+        group
+            .sample_size(10)
+            .warm_up_time(std::time::Duration::from_millis(500))
+            .measurement_time(std::time::Duration::from_secs(2));
         group.throughput(Throughput::Elements(1));
         let mut i = 0;
         group.bench_function(BenchmarkId::from_parameter(1), |b| {
@@ -67,7 +70,10 @@ fn bench_stream(c: &mut Criterion) {
         });
         group.finish();
         let mut group = c.benchmark_group(format!("ceiling_stream/{kind}/1x2"));
-        group.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+        group
+            .sample_size(10)
+            .warm_up_time(std::time::Duration::from_millis(500))
+            .measurement_time(std::time::Duration::from_secs(2));
         for &batch in batches {
             group.throughput(Throughput::Elements(batch as u64));
             let mut i = 0;
@@ -80,7 +86,10 @@ fn bench_stream(c: &mut Criterion) {
         }
         group.finish();
         let mut group = c.benchmark_group(format!("ceiling_stream/{kind}/2x1"));
-        group.sample_size(10).warm_up_time(std::time::Duration::from_millis(500)).measurement_time(std::time::Duration::from_secs(2));
+        group
+            .sample_size(10)
+            .warm_up_time(std::time::Duration::from_millis(500))
+            .measurement_time(std::time::Duration::from_secs(2));
         for &batch in batches {
             group.throughput(Throughput::Elements(2 * batch as u64));
             group.bench_function(BenchmarkId::from_parameter(batch), |b| {

@@ -245,8 +245,7 @@ fn parse_url(url: &str) -> anyhow::Result<Target> {
 fn load_bodies(args: &Args) -> anyhow::Result<Vec<Bytes>> {
     let mut bodies = Vec::new();
     for file in &args.data {
-        let content =
-            std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+        let content = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
         for line in content.lines().filter(|l| !l.trim().is_empty()) {
             let v: serde_json::Value = serde_json::from_str(line)?;
             if let Some(text) = v["text"].as_str() {
@@ -307,9 +306,7 @@ fn process_tree(root: u32) -> Vec<u32> {
 fn status_kb(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
 }
 
@@ -410,7 +407,14 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
                 let sent = Instant::now();
                 if sent > drain_deadline {
                     let us = (sent - intended).as_micros() as u64;
-                    out.push(Sample { index: i, outcome: Outcome::Unsent, latency_us: us, service_us: 0, lag_us: us, done: sent });
+                    out.push(Sample {
+                        index: i,
+                        outcome: Outcome::Unsent,
+                        latency_us: us,
+                        service_us: 0,
+                        lag_us: us,
+                        done: sent,
+                    });
                     continue;
                 }
                 let body = bodies[i % bodies.len()].clone();
@@ -456,8 +460,13 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
 
     let measured: Vec<&Sample> = samples.iter().filter(|s| s.index >= measure_from).collect();
     let count = |o: Outcome| measured.iter().filter(|s| s.outcome == o).count();
-    let (ok, deg, err, tmo, unsent) =
-        (count(Outcome::Ok), count(Outcome::Degraded), count(Outcome::Error), count(Outcome::Timeout), count(Outcome::Unsent));
+    let (ok, deg, err, tmo, unsent) = (
+        count(Outcome::Ok),
+        count(Outcome::Degraded),
+        count(Outcome::Error),
+        count(Outcome::Timeout),
+        count(Outcome::Unsent),
+    );
     let window_start = start + Duration::from_secs_f64(args.warmup);
     let last_done = measured
         .iter()
@@ -550,8 +559,23 @@ fn row(j: &serde_json::Value) -> String {
 fn header() -> String {
     format!(
         "{:<18} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>7}",
-        "label", "offered", "achieved", "goodput", "p50 ms", "p95 ms", "p99 ms", "max ms", "svc p50", "degr", "err", "tmo",
-        "unsnt", "conns", "srvCPU", "cliCPU", "RSS MB"
+        "label",
+        "offered",
+        "achieved",
+        "goodput",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        "svc p50",
+        "degr",
+        "err",
+        "tmo",
+        "unsnt",
+        "conns",
+        "srvCPU",
+        "cliCPU",
+        "RSS MB"
     )
 }
 

@@ -205,10 +205,12 @@ impl Default for ModelConfig {
         ModelConfig {
             dir: PathBuf::from("models"),
             onnxruntime: None,
-            intra_threads: 2,
+            // Two single-threaded sessions beat one two-threaded session on 2 cores, raw and end to
+            // end, and a batch of 4 sustains the most under a 50 ms p99 (docs/BENCHMARKS.md).
+            intra_threads: 1,
             intra_op_spinning: false,
-            sessions: 1,
-            max_batch: 8,
+            sessions: 2,
+            max_batch: 4,
             max_queue_delay_us: 0,
             queue_capacity: 256,
             provider: Provider::Cpu,

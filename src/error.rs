@@ -213,3 +213,15 @@ impl TierError {
         }
     }
 }
+
+/// An error and its sources, `a: b: c` (hyper's own messages say little without their cause).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

@@ -32,9 +32,12 @@ fn texts() -> Vec<String> {
 }
 
 fn model_config(max_batch: usize, delay_us: u64, queue: usize) -> ModelConfig {
+    // One session: every concurrent request meets the same batcher, so batches form as the
+    // tests expect (the shipped default of two sessions splits them).
     ModelConfig {
         dir: repo().join("models"),
         intra_threads: 1,
+        sessions: 1,
         max_batch,
         max_queue_delay_us: delay_us,
         queue_capacity: queue,

@@ -11,26 +11,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use tiergate::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
 const PHISHING: &str =
     "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
-
-/// The bundled config's server limits with the given routes (TOML `[[routes]]` / `[proxy]`).
-fn config_with_routes(policies: &Path, routes: &str) -> Config {
-    let mut c = common::config(policies);
-    let parsed = Config::parse(routes).unwrap_or_else(|e| panic!("test routes: {e}"));
-    c.routes = parsed.routes;
-    c.proxy = parsed.proxy;
-    c.server.request_timeout_ms = 1000;
-    c.server.header_read_timeout_ms = 500;
-    c
-}
 
 struct Setup {
     proxy: SocketAddr,
@@ -150,7 +137,9 @@ fn setup() -> &'static Setup {
             app = app.url(),
             review_policy = review_policy.display(),
         );
-        let config = config_with_routes(&common::repo().join("policies"), &routes);
+        let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
+        config.server.request_timeout_ms = 1000;
+        config.server.header_read_timeout_ms = 500;
         let (proxy, admin, _) = common::start_with_admin(config, Default::default(), None);
         Setup { proxy, admin, app }
     })

@@ -15,7 +15,6 @@ use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use tiergate::Config;
 
 const RISKY: &str = "Please send your password to http://evil.example/login now.";
 const BENIGN: [&str; 4] = ["Hello there.", " The weather is mild today.", " We can meet at noon.", " See you then!"];
@@ -58,9 +57,7 @@ fn setup() -> &'static Setup {
             "#,
             app = app.url()
         );
-        let mut config = common::config(&common::repo().join("policies"));
-        config.routes = Config::parse(&routes).unwrap_or_else(|e| panic!("test routes: {e}")).routes;
-        let proxy = common::start(config);
+        let proxy = common::start(common::config_with_routes(&common::repo().join("policies"), &routes));
         Setup { proxy, app }
     })
 }

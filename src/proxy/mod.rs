@@ -17,7 +17,7 @@ pub mod screen;
 use crate::balance::{Balancer, BalancerConfig, Readmit};
 use crate::config::ServerConfig;
 use crate::decision::Decision;
-use crate::error::ApiError;
+use crate::error::{error_chain, ApiError};
 use crate::gateway::Gateway;
 use crate::metrics::RouteLabels;
 use crate::policy::Action;
@@ -791,18 +791,6 @@ where
 /// name the app-side request, which is not the client's business).
 fn client_body_error(chain: &str) -> String {
     chain.rsplit(": ").next().unwrap_or(chain).to_string()
-}
-
-/// An error and its sources, `a: b: c` (hyper's own messages say little without their cause).
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// A body that fails when no frame arrives for `limit`: an app that stalls mid-response, or a

@@ -29,6 +29,15 @@ pub fn config(policies: &Path) -> Config {
     c
 }
 
+/// [`config`] with the `[[routes]]` and `[proxy]` of `routes` (TOML).
+pub fn config_with_routes(policies: &Path, routes: &str) -> Config {
+    let mut c = config(policies);
+    let parsed = Config::parse(routes).unwrap_or_else(|e| panic!("test routes: {e}"));
+    c.routes = parsed.routes;
+    c.proxy = parsed.proxy;
+    c
+}
+
 /// Starts a server for `config` on a dedicated thread and runtime (so it outlives any one
 /// test's runtime) and returns its address.
 pub fn start(config: Config) -> SocketAddr {

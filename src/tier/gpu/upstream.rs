@@ -37,7 +37,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::balance::{Balancer, BalancerConfig, MemberStatus, Readmit};
-use crate::error::TierError;
+use crate::error::{error_chain, TierError};
 use crate::tier::ModelVerdict;
 
 /// Largest response body read from a model server (answers are a few hundred bytes; vLLM's
@@ -557,18 +557,6 @@ async fn read_capped(body: hyper::body::Incoming) -> Result<Bytes, String> {
         }
         Err(e) => Err(format!("response body could not be read: {}", error_chain(&*e))),
     }
-}
-
-/// An error and its sources, `a: b: c` (hyper's own messages say little without their cause).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// A pool of OpenAI-compatible model servers; see the module docs.

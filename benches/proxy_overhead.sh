@@ -81,16 +81,4 @@ for rate in "${rates[@]}"; do
     done
 done
 
-python3 - "$OUT/results.jsonl" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {(r["label"], r["offered_rps"]): r for r in rows}
-print(f"\n{'rate/s':>7} | {'direct p50':>10} {'p99':>7} | {'nginx +p50':>10} {'+p99':>7} | {'tiergate +p50':>13} {'+p99':>7} | errors (n/t)")
-for rate in sorted({r["offered_rps"] for r in rows}):
-    d, n, t = (by.get((k, rate)) for k in ("direct", "nginx", "tiergate"))
-    if not (d and n and t):
-        continue
-    add = lambda x, k: x[k] - d[k]
-    print(f"{rate:>7.0f} | {d['p50_ms']:>10.3f} {d['p99_ms']:>7.3f} | {add(n,'p50_ms'):>10.3f} {add(n,'p99_ms'):>7.3f} | "
-          f"{add(t,'p50_ms'):>13.3f} {add(t,'p99_ms'):>7.3f} | {n['errors']+n['timeouts']}/{t['errors']+t['timeouts']}")
-EOF
+python3 benches/proxy_overhead_report.py "$OUT/results.jsonl"

@@ -8,7 +8,7 @@
 # 3. the raw ONNX Runtime ceiling on the same messages (cargo bench --bench ceiling -- stream:
 #    1 session x 2 threads, 2 sessions x 1 thread, batch sizes 1..16);
 # 4. for each server: tiergate (2 sessions x 1 thread) with micro-batching off and on, tiergate
-#    with its shipped defaults (1 session x 2 threads, max_batch 8) and the same with batching
+#    with the former defaults (1 session x 2 threads, max_batch 8) and the same with batching
 #    off (max_batch 1), the FastAPI baseline with
 #    1 and 2 uvicorn workers (same 2-thread budget): an unloaded run (20 requests/s) and an open-loop
 #    rate sweep, on short and on long messages; the server is started fresh for every rate
@@ -33,7 +33,7 @@ LONG_RATES="${E2E_LONG_RATES:-20,50,80,110,140,170,200,230}"
 ONLY="${E2E_ONLY:-tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w}"
 # The model's thread budget is 2 for every server. tiergate: two sessions of 1 intra-op thread
 # (2x1, the fastest layout here, see docs/BENCHMARKS.md), micro-batching off (max_batch 1) and
-# on (the best settings of the exploration there); and the shipped defaults of
+# on (the best settings of the exploration there, now the shipped defaults); and the former defaults of
 # config/tiergate.toml (one session of 2 threads, max_batch 8, no queue delay).
 TG_OFF="${E2E_TG_OFF:-sessions=2 intra_threads=1 max_batch=1 max_queue_delay_us=0}"
 TG_ON="${E2E_TG_ON:-sessions=2 intra_threads=1 max_batch=4 max_queue_delay_us=0}"

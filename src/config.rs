@@ -250,13 +250,15 @@ impl Config {
         let base = path.parent().unwrap_or(Path::new("."));
         config.model.dir = base.join(&config.model.dir);
         config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
-        config.policies.dir = base.join(&config.policies.dir);
+        // Lexically normalised (`a/./b` is `a/b`): route policies are told apart by directory.
+        let normal = |p: PathBuf| -> PathBuf { p.components().collect() };
+        config.policies.dir = normal(base.join(&config.policies.dir));
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
         for route in &mut config.routes {
             if let Some(screen) = &mut route.screen {
-                screen.policy = screen.policy.take().map(|d| base.join(d));
+                screen.policy = screen.policy.take().map(|d| normal(base.join(d)));
             }
         }
         config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;

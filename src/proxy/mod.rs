@@ -481,7 +481,8 @@ impl Proxy {
                             _ => "forwarded",
                         },
                     );
-                    return self.prepare_response(gateway, route, response, screened);
+                    let head = parts.method == Method::HEAD;
+                    return self.prepare_response(gateway, route, response, screened, head);
                 }
                 Ok(Err(e)) => {
                     pick.record(false);
@@ -520,6 +521,7 @@ impl Proxy {
         route: &Route,
         response: Response<Incoming>,
         screened: Option<&Screening>,
+        head: bool,
     ) -> Response<BoxBody> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -532,7 +534,8 @@ impl Proxy {
         }
         let body = BoxBody::new(IdleTimeout::new(body, route.body_idle_timeout, "the app's response body"));
         let body = match &route.guard {
-            Some(guard) if guard::applies(&parts.headers) => {
+            // A HEAD response has no body to read, and keeps its Content-Length.
+            Some(guard) if !head && guard::applies(&parts.headers) => {
                 // The guard may end the stream early: the app's length no longer holds.
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());

@@ -162,7 +162,8 @@ pub enum Disposition {
     Block,
 }
 
-/// `[routes.stream_guard]`: the policy's rules over a streamed response, as it flows.
+/// `[routes.stream_guard]`: the policy's rules over a streamed response, as it flows. The policy
+/// is the route's `screen.policy` when it has one, else the live policy.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamGuardConfig {

@@ -8,7 +8,8 @@
 //! separate segments), encoded control characters and broken percent-encoding.
 //!
 //! Host (RFC 9112 §3.2): an HTTP/1.1 request needs exactly one `Host`; an absolute-form target's
-//! authority replaces `Host` (§3.2.2), so the host routed on is the host forwarded.
+//! authority replaces `Host` (§3.2.2), an HTTP/2 `:authority` must agree with any `Host` (RFC 9113
+//! §8.3.1), and userinfo is refused, so the host routed on is the host forwarded.
 
 use crate::error::ApiError;
 use http::header::HOST;
@@ -24,12 +25,24 @@ pub fn request<B>(req: &mut Request<B>) -> Result<(), ApiError> {
     if req.version() == Version::HTTP_11 && hosts == 0 && req.uri().authority().is_none() {
         return Err(ApiError::BadTarget("an HTTP/1.1 request needs a Host header".into()));
     }
-    if req.version() <= Version::HTTP_11 {
-        if let Some(authority) = req.uri().authority() {
-            let host = HeaderValue::from_str(authority.as_str())
-                .map_err(|_| ApiError::BadTarget("the request target's authority is not a valid host".into()))?;
-            req.headers_mut().insert(HOST, host);
+    if let Some(authority) = req.uri().authority() {
+        // RFC 9110 §4.2.4: userinfo in an http(s) URI is an error; it would also let
+        // `api.example.com@other.example` read as two different hosts.
+        if authority.as_str().contains('@') {
+            return Err(ApiError::BadTarget("userinfo (`user@`) in the request target".into()));
         }
+        // RFC 9113 §8.3.1: an HTTP/2 `:authority` and a `Host` that differ make the request
+        // malformed (routing would read one and the app the other).
+        let differs =
+            req.headers().get(HOST).is_some_and(|h| !h.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()));
+        if req.version() == Version::HTTP_2 && differs {
+            return Err(ApiError::BadTarget("`:authority` and `Host` differ".into()));
+        }
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| ApiError::BadTarget("the request target's authority is not a valid host".into()))?;
+        req.headers_mut().insert(HOST, host);
+    } else if req.headers().get(HOST).is_some_and(|h| h.as_bytes().contains(&b'@')) {
+        return Err(ApiError::BadTarget("userinfo (`user@`) in Host".into()));
     }
     let path = path(req.uri().path()).map_err(ApiError::BadTarget)?;
     if let Cow::Owned(path) = path {
@@ -131,5 +144,20 @@ mod tests {
         assert!(request(&mut r).is_err(), "HTTP/1.1 without Host");
         let mut r = Request::get("/x").version(Version::HTTP_10).body(()).unwrap();
         assert!(request(&mut r).is_ok(), "HTTP/1.0 may omit Host");
+        let h2 = |authority: &str, host: &str| {
+            Request::get(format!("http://{authority}/x"))
+                .version(Version::HTTP_2)
+                .header("host", host)
+                .body(())
+                .unwrap()
+        };
+        assert!(request(&mut h2("other.example", "api.example.com")).is_err(), ":authority and Host differ");
+        let mut r = h2("api.example.com", "API.example.com");
+        assert!(request(&mut r).is_ok());
+        assert_eq!(r.headers()["host"], "api.example.com");
+        let mut r = Request::get("http://api.example.com@other.example/x").body(()).unwrap();
+        assert!(request(&mut r).is_err(), "userinfo");
+        let mut r = Request::get("/x").header("host", "api.example.com@other.example").body(()).unwrap();
+        assert!(request(&mut r).is_err(), "userinfo in Host");
     }
 }

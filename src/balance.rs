@@ -203,21 +203,13 @@ impl Balancer {
         Balancer { members, config }
     }
 
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
     pub fn url(&self, index: usize) -> &str {
         &self.members[index].url
     }
 
     /// Whether endpoint `index` may take requests now. Under [`Readmit::AfterEject`] an
     /// ejection that is over is lifted here, with a fresh (unmeasured) latency estimate.
-    pub fn eligible(&self, index: usize, now: Instant) -> bool {
+    fn eligible(&self, index: usize, now: Instant) -> bool {
         let member = &self.members[index];
         let mut state = member.state();
         if let Some(until) = state.ejected_until {

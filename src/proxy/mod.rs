@@ -442,8 +442,8 @@ impl Proxy {
                 Some(b) => b,
                 None => replayable.clone().map(full).unwrap_or_else(empty),
             };
-            let (body, mut upload) = Tracked::new(body, route.body_idle_timeout);
-            let request = request.map(|()| BoxBody::new(body));
+            let (body, mut upload) = Tracked::wrap(body, route.body_idle_timeout);
+            let request = request.map(|()| body);
             let sent = Instant::now();
             // The response-head timeout runs from the end of the upload: a large or slow upload
             // is bounded by the body idle timeout instead, and is not the app's delay.
@@ -871,10 +871,14 @@ struct Tracked {
 }
 
 impl Tracked {
-    fn new(body: BoxBody, idle: Duration) -> (Tracked, tokio::sync::watch::Receiver<Upload>) {
-        let initial = if http_body::Body::is_end_stream(&body) { Upload::Sent } else { Upload::Sending };
-        let (state, watch) = tokio::sync::watch::channel(initial);
-        (Tracked { inner: IdleTimeout::new(body, idle, "the client's request body"), state }, watch)
+    /// The body to send and its upload state. A body that is already complete (none, or one
+    /// held whole) is sent as it is: it cannot stall, and it counts as sent from the start.
+    fn wrap(body: BoxBody, idle: Duration) -> (BoxBody, tokio::sync::watch::Receiver<Upload>) {
+        if http_body::Body::is_end_stream(&body) {
+            return (body, tokio::sync::watch::channel(Upload::Sent).1);
+        }
+        let (state, watch) = tokio::sync::watch::channel(Upload::Sending);
+        (BoxBody::new(Tracked { inner: IdleTimeout::new(body, idle, "the client's request body"), state }), watch)
     }
 }
 

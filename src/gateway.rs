@@ -419,7 +419,13 @@ impl Gateway {
                     let result = tiers.cpu(self, &req.text, deadline).await;
                     let us = t.elapsed().as_micros() as u64;
                     if live {
-                        self.observe(TierName::Cpu, us, result.is_ok());
+                        self.observe(TierName::Cpu, us);
+                        // Routing's p95 is the tier's service time: the wait in its queue is
+                        // gated by `max_queue_depth` and the deadline, and counting it here too
+                        // would keep an idle tier "slow" after a burst.
+                        if let Ok(v) = &result {
+                            self.cpu_latency.record(v.infer_us);
+                        }
                     }
                     let v = match result {
                         Ok(v) => v,
@@ -452,7 +458,7 @@ impl Gateway {
                     let result = tiers.gpu(self, policy, &req.text, deadline).await;
                     let us = t.elapsed().as_micros() as u64;
                     if live {
-                        self.observe(TierName::Gpu, us, result.is_ok());
+                        self.observe(TierName::Gpu, us);
                     }
                     match (result, run.escalated.take()) {
                         (Ok(v), _) => match run.model_step(TierName::Gpu, &v, us, route::after_gpu(&v, policy)) {
@@ -533,7 +539,7 @@ impl Gateway {
                 m.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
                 tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
             }
-            self.observe(TierName::Rules, us, true);
+            self.observe(TierName::Rules, us);
         }
         let mut step = Step::new(TierName::Rules, if verdict.rule.is_some() { "matched" } else { "default" }, us);
         step.risk_score = Some(verdict.risk_score);
@@ -559,15 +565,10 @@ impl Gateway {
         }
     }
 
-    fn observe(&self, tier: TierName, us: u64, ok: bool) {
+    /// Time spent in a stage, as the request saw it (queue included), into the histogram. The
+    /// routing latencies are recorded by the cpu stage (service time) and the gpu tier itself.
+    fn observe(&self, tier: TierName, us: u64) {
         self.metrics.tier_latency.get_or_create(&TierLabels { tier: tier.as_str() }).observe(us as f64 / 1e6);
-        if ok {
-            match tier {
-                TierName::Cpu => self.cpu_latency.record(us),
-                // The gpu tier records its own latency (it knows what a successful call is).
-                TierName::Gpu | TierName::Rules => {}
-            }
-        }
     }
 
     fn finish(

@@ -23,6 +23,8 @@ pub struct CpuSignals {
     pub utilization: Option<f64>,
     pub queue_depth: usize,
     pub in_flight: usize,
+    /// p95 of the tier's service time (inference, without the queue wait), µs, over the last
+    /// [`crate::signals::latency::MAX_AGE`].
     pub p95_us: Option<u64>,
 }
 

@@ -99,6 +99,25 @@ fn bench(c: &mut Criterion) {
         endpoint: None,
     };
     c.bench_function("route/after_cpu", |b| b.iter(|| after_cpu(black_box(&verdict), &complexity, &policy, &Ok(()))));
+
+    // The whole request path without the model, as the gateway runs it: validate the body,
+    // rate complexity (text scan, tokens, signal hits), choose the starting tier, then judge
+    // the cpu verdict. `worst` is the 60-word text whose tokens are all counted.
+    let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
+    for (name, body) in [("request_path/short", &body), ("request_path/worst", &worst_body)] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let req = classify_request(&headers, black_box(body.as_bytes()), &limits).unwrap();
+                let mut stats = scan(&req.text);
+                stats.tokens = counter.count(&req.text, spec.tokens_full);
+                stats.signal_hits = policy.rules.count_signals(&req.text).values().sum::<i64>() as usize;
+                stats.features = req.features.len();
+                let complexity = rate(&stats, spec);
+                let s = start(&complexity, &policy, &snapshot, req.deadline);
+                (s, after_cpu(&verdict, &complexity, &policy, &Ok(())))
+            })
+        });
+    }
 }
 
 criterion_group!(benches, bench);

@@ -15,8 +15,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::path::Path;
-use tiergate::config::ModelConfig;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
+use tiergate::tier::ModelConfig;
 
 fn messages(long: bool) -> Vec<String> {
     let mut all = all_messages(long);

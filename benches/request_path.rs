@@ -11,13 +11,13 @@ use std::path::Path;
 use std::time::Duration;
 use tiergate::calibrate::softmax_t;
 use tiergate::complexity::{rate, scan};
-use tiergate::config::ServerConfig;
-use tiergate::ingress::extract::classify_request;
 use tiergate::policy::Policy;
-use tiergate::route::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use tiergate::request::ClassifyRequest;
 use tiergate::rules::{ModelView, RulesInput};
+use tiergate::select::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
 use tiergate::tier::breaker::CircuitState;
 use tiergate::tier::ModelVerdict;
+use tiergate::web::ServerConfig;
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
 
@@ -30,7 +30,7 @@ fn bench(c: &mut Criterion) {
     let long = SHORT.repeat(12);
 
     c.bench_function("extract/classify_request", |b| {
-        b.iter(|| classify_request(black_box(&headers), black_box(body.as_bytes()), &limits).unwrap())
+        b.iter(|| ClassifyRequest::from_json(black_box(&headers), black_box(body.as_bytes()), &limits).unwrap())
     });
     let features = serde_json::json!({"amount": 120, "country": "DE"}).as_object().cloned().unwrap();
     let model = Some(ModelView { risk_score: 0.6, confidence: 0.6, ood_score: Some(0.4) });
@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 // What Gateway::rate does: scan, count tokens (bounded), add signal hits.
                 let mut stats = scan(black_box(text));
-                stats.tokens = counter.count(text, spec.tokens_full);
+                stats.tokens = counter.count(text, spec.tokens_full).count;
                 stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
                 rate(&stats, spec)
             })
@@ -107,9 +107,9 @@ fn bench(c: &mut Criterion) {
     for (name, body) in [("request_path/short", &body), ("request_path/worst", &worst_body)] {
         c.bench_function(name, |b| {
             b.iter(|| {
-                let req = classify_request(&headers, black_box(body.as_bytes()), &limits).unwrap();
+                let req = ClassifyRequest::from_json(&headers, black_box(body.as_bytes()), &limits).unwrap();
                 let mut stats = scan(&req.text);
-                stats.tokens = counter.count(&req.text, spec.tokens_full);
+                stats.tokens = counter.count(&req.text, spec.tokens_full).count;
                 stats.signal_hits = policy.rules.count_signals(&req.text).values().sum::<i64>() as usize;
                 stats.features = req.features.len();
                 let complexity = rate(&stats, spec);

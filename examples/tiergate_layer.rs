@@ -26,7 +26,7 @@ use tiergate::decision::Decision;
 use tiergate::gateway::Sources;
 use tiergate::proxy::config::ScreenConfig;
 use tiergate::proxy::layer::TierGateLayer;
-use tiergate::proxy::BoxBody;
+use tiergate::web::BoxBody;
 use tiergate::{Config, Gateway};
 use tower::ServiceBuilder;
 
@@ -82,7 +82,7 @@ fn load_config() -> anyhow::Result<Config> {
 }
 
 async fn serve(config: Config, screen: ScreenConfig, listen: SocketAddr) -> anyhow::Result<()> {
-    let gateway = Gateway::start(&config, Sources::default())?;
+    let gateway = Gateway::start(&config.gateway(), Sources::default())?;
     let layer = TierGateLayer::new(Arc::clone(&gateway), config.server.clone(), "example", &screen)
         .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(listen).await?;

@@ -4,13 +4,36 @@
 //! are resolved against the file's own directory, so the bundled config works from any
 //! working directory. Unknown keys are errors: a typo must not silently keep a default.
 
+use crate::gateway::{AdmissionConfig, GatewayConfig, ShadowConfig};
+use crate::ingress::AdminConfig;
+use crate::policy::PoliciesConfig;
+use crate::proxy::config::{ProxyConfig, RouteConfig};
+use crate::proxy::Proxy;
 use crate::signals::SignalsConfig;
-use crate::tier::breaker::BreakerConfig;
-use crate::tier::gpu::upstream::UpstreamConfig;
+use crate::tier::{GpuBackend, GpuConfig, ModelConfig, Provider};
+use crate::web::ServerConfig;
 use serde::Deserialize;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+/// Why a config could not be loaded. Every message names the key or the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// TOML syntax (with the line), an unknown key, a wrong type or an unset `${VAR}`, as
+    /// `key.path: problem`.
+    #[error("{0}")]
+    Parse(String),
+    /// A value out of range or an inconsistent combination, naming the key.
+    #[error("{0}")]
+    Invalid(String),
+    /// One of the above, in the named file.
+    #[error("config {}: {source}", path.display())]
+    InFile { path: PathBuf, source: Box<ConfigError> },
+}
+
+/// The whole config file: each section's type is defined by the component that uses it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -22,207 +45,10 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
-    /// Upstream client settings for `routes`.
-    pub proxy: crate::proxy::config::ProxyConfig,
+    /// The app client settings for `routes`.
+    pub proxy: ProxyConfig,
     /// Reverse-proxy routes, matched in order before tiergate's own endpoints.
-    pub routes: Vec<crate::proxy::config::RouteConfig>,
-}
-
-/// `[shadow]`: a candidate policy evaluated beside the live one without affecting answers.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ShadowConfig {
-    /// The candidate's policy directory; unset: no shadow evaluation.
-    pub dir: Option<PathBuf>,
-    /// Share of requests also decided by the candidate, [0, 1].
-    pub share: f64,
-    /// JSON-lines file for disagreements (both decisions); unset: only counted in metrics.
-    pub log: Option<PathBuf>,
-}
-
-/// `[admission]`: per-tenant rate limits (GCRA, crate `governor`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdmissionConfig {
-    /// Sustained requests per second per tenant; 0 turns tenant limits off.
-    pub tenant_rps: u32,
-    /// Burst size per tenant.
-    pub tenant_burst: u32,
-}
-
-impl Default for AdmissionConfig {
-    fn default() -> Self {
-        AdmissionConfig { tenant_rps: 0, tenant_burst: 50 }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Public listener. Env `TIERGATE_LISTEN` / `--listen` override it.
-    pub listen: SocketAddr,
-    /// Largest accepted request body, bytes (413 above).
-    pub max_body_bytes: usize,
-    /// Largest accepted `text`, bytes (422 above).
-    pub max_text_bytes: usize,
-    /// Most keys accepted in `features` (422 above).
-    pub max_features: usize,
-    /// Deadline for a decision when the request sets none (`x-tiergate-deadline-ms`), ms.
-    /// Past it the model tiers are abandoned and rules decide.
-    pub default_deadline_ms: u64,
-    /// Largest deadline a request may ask for, ms.
-    pub max_deadline_ms: u64,
-    /// Hard limit on a whole request, body read included (408 above). Protects against slow clients.
-    pub request_timeout_ms: u64,
-    /// Time allowed to read request headers, ms.
-    pub header_read_timeout_ms: u64,
-    /// Largest request head (request line and headers), bytes; 431 above.
-    pub max_header_bytes: usize,
-    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish, ms.
-    pub shutdown_grace_ms: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// Directory holding `model.json`, the ONNX file, `tokenizer.json`, `calibration.json`, `ood.json`.
-    pub dir: PathBuf,
-    /// Path of `libonnxruntime.so`; unset: `ORT_DYLIB_PATH`, then the cache, then fetched from PyPI.
-    pub onnxruntime: Option<PathBuf>,
-    /// ONNX Runtime intra-op threads per session.
-    pub intra_threads: usize,
-    /// Whether ONNX Runtime's intra-op threads spin while waiting for work. Spinning cuts
-    /// latency on an idle machine and steals CPU from everything else on a busy one.
-    pub intra_op_spinning: bool,
-    /// Sessions, each driven by its own blocking worker thread.
-    pub sessions: usize,
-    /// Most requests run together in one inference call.
-    pub max_batch: usize,
-    /// How long the first request of a batch may wait for more to join, µs (0: only requests
-    /// already waiting join; nothing is held back).
-    pub max_queue_delay_us: u64,
-    /// Bounded queue in front of the workers; a full queue sheds the request to the next stage.
-    pub queue_capacity: usize,
-    /// ONNX Runtime execution provider: `cpu` or `cuda`.
-    pub provider: Provider,
-    /// CUDA device ordinal (provider `cuda`).
-    pub device_id: i32,
-}
-
-/// An ONNX Runtime execution provider.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    #[default]
-    Cpu,
-    Cuda,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PoliciesConfig {
-    /// Directory of policy files (`*.toml`), merged in file-name order.
-    pub dir: PathBuf,
-    /// Reload when a file in `dir` changes (SIGHUP and `POST /admin/reload` always work).
-    pub watch: bool,
-    /// Quiet time after the last change before reloading, ms.
-    pub debounce_ms: u64,
-}
-
-/// `[admin]`: the admin listener (`/admin/*`), never served on the public listener.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// Listen address; loopback only by default. Env `TIERGATE_ADMIN_LISTEN`.
-    pub listen: SocketAddr,
-    /// Bearer token required on `/admin/*` when set. Env `TIERGATE_ADMIN_TOKEN` overrides it.
-    pub token: Option<String>,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9090)), token: None }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GpuConfig {
-    /// The gpu tier's backend: `none`, `onnx` (in-process) or `upstream` (model servers).
-    pub backend: GpuBackend,
-    /// Per-request timeout on the gpu tier, ms (the request's deadline may cut it shorter).
-    pub timeout_ms: u64,
-    /// Most requests on the gpu tier at once; more are refused (`shed`) and route down.
-    pub max_concurrency: usize,
-    pub circuit: BreakerConfig,
-    /// `backend = "onnx"`: a larger or full-precision classifier with its own calibration.
-    pub onnx: ModelConfig,
-    /// `backend = "upstream"`: OpenAI-compatible model servers.
-    pub upstream: UpstreamConfig,
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        GpuConfig {
-            backend: GpuBackend::None,
-            timeout_ms: 2000,
-            max_concurrency: 32,
-            circuit: BreakerConfig::default(),
-            onnx: ModelConfig { provider: Provider::Cuda, sessions: 1, max_batch: 32, ..ModelConfig::default() },
-            upstream: UpstreamConfig::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GpuBackend {
-    #[default]
-    None,
-    Onnx,
-    Upstream,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            max_body_bytes: 64 * 1024,
-            max_text_bytes: 16 * 1024,
-            max_features: 64,
-            default_deadline_ms: 200,
-            max_deadline_ms: 10_000,
-            request_timeout_ms: 15_000,
-            header_read_timeout_ms: 5_000,
-            max_header_bytes: 64 * 1024,
-            shutdown_grace_ms: 10_000,
-        }
-    }
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            dir: PathBuf::from("models"),
-            onnxruntime: None,
-            // Two single-threaded sessions beat one two-threaded session on 2 cores, raw and end to
-            // end, and a batch of 4 sustains the most under a 50 ms p99 (docs/BENCHMARKS.md).
-            intra_threads: 1,
-            intra_op_spinning: false,
-            sessions: 2,
-            max_batch: 4,
-            max_queue_delay_us: 0,
-            queue_capacity: 256,
-            provider: Provider::Cpu,
-            device_id: 0,
-        }
-    }
-}
-
-impl Default for PoliciesConfig {
-    fn default() -> Self {
-        PoliciesConfig { dir: PathBuf::from("policies"), watch: true, debounce_ms: 100 }
-    }
+    pub routes: Vec<RouteConfig>,
 }
 
 impl Default for Config {
@@ -244,9 +70,11 @@ impl Default for Config {
 
 impl Config {
     /// Reads and validates a config file; relative paths become relative to its directory.
-    pub fn load(path: &Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading config {}: {e}", path.display()))?;
-        let mut config = Config::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let in_file = |e: ConfigError| ConfigError::InFile { path: path.to_path_buf(), source: Box::new(e) };
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut config = Config::parse(&text).map_err(in_file)?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.model.dir = base.join(&config.model.dir);
         config.model.onnxruntime = config.model.onnxruntime.map(|p| base.join(p));
@@ -261,29 +89,48 @@ impl Config {
                 screen.policy = screen.policy.take().map(|d| normal(base.join(d)));
             }
         }
-        config.validate().map_err(|e| format!("config {}: {e}", path.display()))?;
+        config.validate().map_err(in_file)?;
         Ok(config)
     }
 
     /// Parses config text: TOML, then `${VAR}` / `${VAR:-default}` in string values replaced
     /// from the environment (`$${` is a literal `${`), then the typed config. Errors name the
     /// key (`routes[0].upstream[0]: ...`); TOML syntax errors carry the line.
-    pub fn parse(text: &str) -> Result<Config, String> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         for (key, value) in table.iter_mut() {
-            interpolate(value, key)?;
+            interpolate(value, key).map_err(ConfigError::Parse)?;
         }
         serde_path_to_error::deserialize(table).map_err(|e| {
             let at = e.path().to_string();
-            if at == "." {
-                e.inner().to_string()
-            } else {
-                format!("{at}: {}", e.inner())
-            }
+            ConfigError::Parse(if at == "." { e.inner().to_string() } else { format!("{at}: {}", e.inner()) })
         })
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// The sections the gateway starts from.
+    pub fn gateway(&self) -> GatewayConfig<'_> {
+        GatewayConfig {
+            model: &self.model,
+            gpu: &self.gpu,
+            policies: &self.policies,
+            signals: &self.signals,
+            admission: &self.admission,
+            shadow: &self.shadow,
+            route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
+        }
+    }
+
+    /// The reverse proxy for `routes` (`None` without routes), with its app clients.
+    pub fn proxy(&self) -> Result<Option<Proxy>, ConfigError> {
+        Proxy::new(&self.proxy, &self.routes).map_err(ConfigError::Invalid)
+    }
+
+    /// Checks ranges and combinations across sections; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check().map_err(ConfigError::Invalid)
+    }
+
+    fn check(&self) -> Result<(), String> {
         let s = &self.server;
         let m = &self.model;
         let positive = [
@@ -314,7 +161,7 @@ impl Config {
         if self.gpu.backend == GpuBackend::Upstream {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
-        crate::proxy::Proxy::new(&self.proxy, &self.routes)?;
+        crate::proxy::validate(&self.proxy, &self.routes)?;
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());
         }
@@ -398,11 +245,13 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let err = Config::parse("[[routes]]\nname = \"r\"\nupstream = [\"${TIERGATE_TEST_UNSET_VAR}\"]").unwrap_err();
+        let err = Config::parse("[[routes]]\nname = \"r\"\nupstream = [\"${TIERGATE_TEST_UNSET_VAR}\"]")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("routes[0].upstream[0]: environment variable"), "{err}");
-        let err = Config::parse("[server]\nmax_body_bytes = \"big\"").unwrap_err();
+        let err = Config::parse("[server]\nmax_body_bytes = \"big\"").unwrap_err().to_string();
         assert!(err.starts_with("server.max_body_bytes: invalid type"), "{err}");
-        let err = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\nbogus = 1").unwrap_err();
+        let err = Config::parse("[server]\nlisten = \"127.0.0.1:8080\"\nbogus = 1").unwrap_err().to_string();
         assert!(err.contains("unknown field `bogus`"), "{err}");
     }
 }

@@ -1,26 +1,11 @@
-//! The decision a request gets: the response body of `POST /v1/classify`.
+//! The decision a request gets: the response body of `POST /v1/classify`, and what a screened
+//! proxy route passes to the app in headers.
 
-use crate::policy::Action;
+pub use crate::select::{Outcome, TierName};
+
+use crate::action::Action;
+use crate::select::{SignalsSnapshot, Start};
 use serde::Serialize;
-
-/// A tier of the cascade.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TierName {
-    Cpu,
-    Gpu,
-    Rules,
-}
-
-impl TierName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TierName::Cpu => "cpu",
-            TierName::Gpu => "gpu",
-            TierName::Rules => "rules",
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,10 +29,7 @@ impl Label {
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
     pub tier: TierName,
-    /// `accepted`, `low_confidence`, `out_of_distribution`, `shed`, `timeout`, `error`,
-    /// `unavailable`, `circuit_open`, `skipped`, `matched` (a rule decided) or `default`
-    /// (no rule matched).
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,7 +47,7 @@ pub struct Step {
 }
 
 impl Step {
-    pub fn new(tier: TierName, outcome: &'static str, latency_us: u64) -> Step {
+    pub fn new(tier: TierName, outcome: Outcome, latency_us: u64) -> Step {
         Step {
             tier,
             outcome,
@@ -122,7 +104,7 @@ pub struct Explain {
     /// The raw counts behind it.
     pub stats: crate::complexity::TextStats,
     /// The signals snapshot routing used.
-    pub signals: crate::route::SignalsSnapshot,
+    pub signals: SignalsSnapshot,
     /// The starting tier, why, and each model tier's eligibility.
-    pub start: crate::route::Start,
+    pub start: Start,
 }

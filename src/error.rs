@@ -1,9 +1,10 @@
 //! Errors, and the one place that maps them to HTTP responses.
 //!
 //! Client-facing problems are [`ApiError`]; every response body for an error is
-//! `{"error": {"code", "message", "field"?}}`. Tier failures ([`TierError`]) never reach
+//! `{"error": {"code", "message", "field"?}}`. Tier failures (`tier::TierError`) never reach
 //! the client: the cascade records them in the decision's `path` and moves to the next
-//! stage (the rules engine never fails), so they only need an `outcome` name.
+//! stage (the rules engine never fails). This module depends on nothing else in the crate, so
+//! every layer can use it.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -61,9 +62,10 @@ pub enum ApiError {
     /// 501: a transfer coding other than `chunked` (RFC 9112 §6.1).
     #[error("{0} is not implemented; send the body unencoded or chunked")]
     NotImplemented(String),
-    /// 403: a screened route's decision blocks the request; the body carries the decision.
-    #[error("{}", blocked_message(.0))]
-    Blocked(Box<crate::decision::Decision>),
+    /// 403: a screened route's decision blocks the request; the body carries the decision
+    /// (serialised by the caller, which owns the decision type).
+    #[error("{message}")]
+    Blocked { message: String, decision: Box<serde_json::Value> },
     /// 502: the app could not be reached or did not answer properly.
     #[error("upstream of route `{route}` failed: {reason}")]
     BadGateway { route: String, reason: String },
@@ -85,7 +87,7 @@ impl ApiError {
             ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) | ApiError::BadTarget(_) => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::Blocked(_) => StatusCode::FORBIDDEN,
+            ApiError::Blocked { .. } => StatusCode::FORBIDDEN,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -119,7 +121,7 @@ impl ApiError {
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::BadFraming(_) => "bad_framing",
             ApiError::BadTarget(_) => "bad_request_target",
-            ApiError::Blocked(_) => "blocked",
+            ApiError::Blocked { .. } => "blocked",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::BadGateway { .. } => "bad_gateway",
             ApiError::GatewayTimeout { .. } => "upstream_timeout",
@@ -147,8 +149,8 @@ impl ApiError {
             error["problems"] = json!(problems);
         }
         let mut body = json!({ "error": error });
-        if let ApiError::Blocked(decision) = &self {
-            body["decision"] = json!(decision);
+        if let ApiError::Blocked { decision, .. } = &self {
+            body["decision"] = (**decision).clone();
         }
         let mut response = json_response(self.status(), &body);
         match self {
@@ -164,13 +166,6 @@ impl ApiError {
     }
 }
 
-fn blocked_message(d: &crate::decision::Decision) -> String {
-    match &d.rule {
-        Some(rule) => format!("blocked by policy: rule `{rule}` (risk score {:.2})", d.risk_score),
-        None => format!("blocked by policy: risk score {:.2} from the {} tier", d.risk_score, d.tier.as_str()),
-    }
-}
-
 /// A JSON response with the given status.
 pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
     // Serialising our own types cannot fail (no maps with non-string keys, no foreign Serialize impls).
@@ -179,39 +174,6 @@ pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Respon
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
-}
-
-/// Why a model tier gave no verdict. Recorded in `path`, never sent as an error response.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TierError {
-    /// The tier's bounded queue is full: shed to the next stage instead of queueing.
-    #[error("queue full ({capacity} waiting)")]
-    Overloaded { capacity: usize },
-    /// The request's deadline (or the tier's own timeout) passed before the tier answered.
-    #[error("deadline passed after {waited_us} µs")]
-    DeadlineExceeded { waited_us: u64 },
-    /// The tier is not configured or not present on this machine.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The tier's circuit breaker is open after repeated failures.
-    #[error("circuit open after repeated failures")]
-    CircuitOpen,
-    /// Tokenisation or inference failed.
-    #[error("inference failed: {0}")]
-    Inference(String),
-}
-
-impl TierError {
-    /// The `path[].outcome` value for this failure.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            TierError::Overloaded { .. } => "shed",
-            TierError::DeadlineExceeded { .. } => "timeout",
-            TierError::Unavailable(_) => "unavailable",
-            TierError::CircuitOpen => "circuit_open",
-            TierError::Inference(_) => "error",
-        }
-    }
 }
 
 /// An error and its sources, `a: b: c` (hyper's own messages say little without their cause).

@@ -1,11 +1,15 @@
 //! tiergate: a tiered model router and load-balancing proxy for risk-control inference.
 //!
-//! One request flows through the modules in this order (see `docs/` and `../shared/DESIGN.md`):
-//! [`ingress`] (HTTP, validation) -> [`gateway`] (the cascade) -> [`tier`] (cpu model) ->
-//! [`calibrate`] (temperature scaling) -> [`route`] (accept or hand over) -> [`rules`]
-//! (CEL fallback) -> [`decision`] (the response), with [`policy`] and [`signals`] as inputs
-//! and [`metrics`] on the side. [`error`] is the one place errors become HTTP responses.
+//! One request flows through the modules in this order (the map: `docs/ARCHITECTURE.md`):
+//! a front door — [`ingress`] (tiergate's own endpoints) or [`proxy`] (screened routes to an
+//! app), both on the HTTP floor [`web`] — builds one [`request::ClassifyRequest`]; the
+//! [`gateway`] rates it ([`complexity`]), asks [`select`] (pure tier selection) where to start
+//! and what comes after each stage, runs the [`tier`]s (cpu model, gpu model) with
+//! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`]. [`policy`] and
+//! [`signals`] are its inputs, [`metrics`] its side output, [`error`] the one place errors
+//! become HTTP responses, and [`config`] composes every component's own config section.
 
+pub mod action;
 pub mod balance;
 pub mod calibrate;
 pub mod complexity;
@@ -18,11 +22,14 @@ pub mod metrics;
 pub mod ort_lib;
 pub mod policy;
 pub mod proxy;
-pub mod route;
+pub mod request;
 pub mod rules;
+pub mod select;
 pub mod signals;
 pub mod tier;
+pub mod web;
 
 pub use config::Config;
-pub use gateway::{ClassifyRequest, Gateway};
-pub use ingress::server::{serve, App, Role};
+pub use gateway::Gateway;
+pub use ingress::{serve, App, Role};
+pub use request::ClassifyRequest;

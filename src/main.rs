@@ -132,10 +132,8 @@ fn main() -> std::process::ExitCode {
 
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     match path {
-        Some(p) => Config::load(&p).map_err(anyhow::Error::msg),
-        None if Path::new(DEFAULT_CONFIG).is_file() => {
-            Config::load(Path::new(DEFAULT_CONFIG)).map_err(anyhow::Error::msg)
-        }
+        Some(p) => Ok(Config::load(&p)?),
+        None if Path::new(DEFAULT_CONFIG).is_file() => Ok(Config::load(Path::new(DEFAULT_CONFIG))?),
         None => {
             tracing::warn!(
                 "no {DEFAULT_CONFIG} in the current directory and no --config: using built-in defaults, \
@@ -179,7 +177,7 @@ fn serve(
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let gateway = Gateway::start(&config, Sources::default())?;
+        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await
             .with_context(|| format!("binding {}", config.server.listen))?;
@@ -200,7 +198,7 @@ fn serve(
                 }
             });
         }
-        let (app, admin) = App::pair(gateway, &config).map_err(anyhow::Error::msg)?;
+        let (app, admin) = App::pair(gateway, &config.server, &config.admin, config.proxy()?);
         let (app, admin) = (Arc::new(app), Arc::new(admin));
         let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin_task = tokio::spawn(tiergate::serve(admin_listener, admin, async {
@@ -328,38 +326,90 @@ fn explain(
             _ => anyhow::bail!("--features must be a JSON object"),
         },
     };
-    anyhow::ensure!(!text.trim().is_empty(), "--text must not be empty");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let gateway = Gateway::start(&config, Sources::default())?;
+        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
         // Let the samplers take their first readings, as a running server would have them.
         tokio::time::sleep(std::time::Duration::from_millis(2 * config.signals.cpu_interval_ms + 50)).await;
-        let request = tiergate::ClassifyRequest {
-            text: text.into(),
-            features,
-            tenant,
-            deadline: std::time::Duration::from_millis(config.server.default_deadline_ms),
-            explain: true,
-        };
+        let deadline = std::time::Duration::from_millis(config.server.default_deadline_ms);
+        let mut request = tiergate::ClassifyRequest::new(text, features, tenant, deadline, &config.server)?;
+        request.explain = true;
         let decision = gateway.classify(request, "explain".into()).await?;
         println!("{}", serde_json::to_string_pretty(&decision)?);
         Ok(())
     })
 }
 
+/// One labelled request for `check-policy --against`.
+#[derive(serde::Deserialize)]
+struct Sample {
+    text: String,
+    label: usize,
+    #[serde(default)]
+    features: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+/// Decisions of one policy over the samples.
+#[derive(Default)]
+struct Tally {
+    correct: usize,
+    actions: std::collections::BTreeMap<String, usize>,
+    tiers: std::collections::BTreeMap<String, usize>,
+}
+
+/// How the candidate's decisions differ from the running policy's.
+#[derive(Default)]
+struct Changes {
+    labels: usize,
+    tiers: usize,
+    actions: std::collections::BTreeMap<(String, String), usize>,
+    examples: Vec<String>,
+}
+
 fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> anyhow::Result<()> {
     let policy = Policy::load_dir(dir)?;
     println!("policy {} is valid: version {}, {} rules", dir.display(), policy.version, policy.rules.rule_count());
     let Some(samples) = against else { return Ok(()) };
-    #[derive(serde::Deserialize)]
-    struct Sample {
-        text: String,
-        label: usize,
-        #[serde(default)]
-        features: serde_json::Map<String, serde_json::Value>,
-        #[serde(default)]
-        tenant: Option<String>,
-    }
+    let rows = read_samples(samples)?;
+    let mut config = load_config(config)?;
+    config.policies.watch = false;
+    config.admission.tenant_rps = 0;
+    config.shadow = tiergate::gateway::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
+        let (mut live_t, mut cand_t, mut changes) = (Tally::default(), Tally::default(), Changes::default());
+        for (i, s) in rows.iter().enumerate() {
+            // Replay without time pressure: compare policies, not this machine's load.
+            let deadline = std::time::Duration::from_millis(config.server.max_deadline_ms);
+            let req = tiergate::ClassifyRequest::new(
+                s.text.clone(),
+                s.features.clone(),
+                s.tenant.clone(),
+                deadline,
+                &config.server,
+            )
+            .with_context(|| format!("{}:{}", samples.display(), i + 1))?;
+            let (live, cand) = gateway.compare(req, format!("sample-{}", i + 1)).await?;
+            let cand = cand.context("the candidate policy gave no decision")?;
+            for (t, d) in [(&mut live_t, &live), (&mut cand_t, &cand)] {
+                t.correct += ((d.label == tiergate::decision::Label::Risk) == (s.label == 1)) as usize;
+                *t.actions.entry(d.action.as_str().into()).or_default() += 1;
+                *t.tiers.entry(d.tier.as_str().into()).or_default() += 1;
+            }
+            changes.record(i, s, &live, &cand);
+        }
+        let running = gateway.policies.snapshot().version.clone();
+        let candidate = gateway.shadow.as_ref().expect("configured above").policies.snapshot().version.clone();
+        println!("\nreplayed {} labelled requests from {}", rows.len(), samples.display());
+        print_comparison(rows.len(), (&running, &live_t), (&candidate, &cand_t), &changes);
+        Ok(())
+    })
+}
+
+fn read_samples(samples: &Path) -> anyhow::Result<Vec<Sample>> {
     let text = std::fs::read_to_string(samples).with_context(|| format!("reading {}", samples.display()))?;
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -373,86 +423,66 @@ fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> 
         anyhow::ensure!(s.label <= 1, "{}:{}: `label` must be 0 or 1", samples.display(), i + 1);
         rows.push(s);
     }
-    let mut config = load_config(config)?;
-    config.policies.watch = false;
-    config.admission.tenant_rps = 0;
-    config.shadow = tiergate::config::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
-        let gateway = Gateway::start(&config, Sources::default())?;
-        let running = gateway.policies.snapshot().version.clone();
-        #[derive(Default)]
-        struct Tally {
-            correct: usize,
-            actions: std::collections::BTreeMap<String, usize>,
-            tiers: std::collections::BTreeMap<String, usize>,
+    Ok(rows)
+}
+
+impl Changes {
+    fn record(
+        &mut self,
+        i: usize,
+        s: &Sample,
+        live: &tiergate::decision::Decision,
+        cand: &tiergate::decision::Decision,
+    ) {
+        self.labels += (live.label != cand.label) as usize;
+        self.tiers += (live.tier != cand.tier) as usize;
+        if live.action == cand.action {
+            return;
         }
-        let (mut live_t, mut cand_t) = (Tally::default(), Tally::default());
-        let mut action_changes: std::collections::BTreeMap<(String, String), usize> = Default::default();
-        let (mut label_changes, mut tier_changes, mut examples) = (0, 0, Vec::new());
-        for (i, s) in rows.iter().enumerate() {
-            let req = tiergate::ClassifyRequest {
-                text: s.text.as_str().into(),
-                features: s.features.clone(),
-                tenant: s.tenant.clone(),
-                // Replay without time pressure: compare policies, not this machine's load.
-                deadline: std::time::Duration::from_millis(config.server.max_deadline_ms),
-                explain: false,
-            };
-            let (live, cand) = gateway.compare(req, format!("sample-{}", i + 1)).await?;
-            let cand = cand.context("the candidate policy gave no decision")?;
-            for (t, d) in [(&mut live_t, &live), (&mut cand_t, &cand)] {
-                t.correct += ((d.label == tiergate::decision::Label::Risk) == (s.label == 1)) as usize;
-                *t.actions.entry(d.action.as_str().into()).or_default() += 1;
-                *t.tiers.entry(d.tier.as_str().into()).or_default() += 1;
-            }
-            label_changes += (live.label != cand.label) as usize;
-            tier_changes += (live.tier != cand.tier) as usize;
-            if live.action != cand.action {
-                *action_changes.entry((live.action.as_str().into(), cand.action.as_str().into())).or_default() += 1;
-                if examples.len() < 10 {
-                    let head: String = s.text.chars().take(70).collect();
-                    examples.push(format!(
-                        "  line {:>4}  label {}  {} -> {}  ({} -> {})  {head:?}",
-                        i + 1,
-                        s.label,
-                        live.action.as_str(),
-                        cand.action.as_str(),
-                        live.rule.as_deref().unwrap_or(live.tier.as_str()),
-                        cand.rule.as_deref().unwrap_or(cand.tier.as_str()),
-                    ));
-                }
-            }
+        *self.actions.entry((live.action.as_str().into(), cand.action.as_str().into())).or_default() += 1;
+        if self.examples.len() < 10 {
+            let head: String = s.text.chars().take(70).collect();
+            self.examples.push(format!(
+                "  line {:>4}  label {}  {} -> {}  ({} -> {})  {head:?}",
+                i + 1,
+                s.label,
+                live.action.as_str(),
+                cand.action.as_str(),
+                live.rule.as_deref().unwrap_or(live.tier.as_str()),
+                cand.rule.as_deref().unwrap_or(cand.tier.as_str()),
+            ));
         }
-        let n = rows.len().max(1);
-        let candidate = &gateway.shadow.as_ref().expect("configured above").policies.snapshot().version;
-        println!("\nreplayed {} labelled requests from {}", rows.len(), samples.display());
-        println!("{:<22} {:>14} {:>14}", "", format!("running {running}"), format!("candidate {candidate}"));
-        println!(
-            "{:<22} {:>14.4} {:>14.4}",
-            "label accuracy",
-            live_t.correct as f64 / n as f64,
-            cand_t.correct as f64 / n as f64
-        );
-        for action in ["allow", "review", "block"] {
-            let (a, b) =
-                (live_t.actions.get(action).copied().unwrap_or(0), cand_t.actions.get(action).copied().unwrap_or(0));
-            println!("{:<22} {a:>14} {b:>14}", format!("action {action}"));
-        }
-        for tier in ["cpu", "gpu", "rules"] {
-            let (a, b) = (live_t.tiers.get(tier).copied().unwrap_or(0), cand_t.tiers.get(tier).copied().unwrap_or(0));
-            println!("{:<22} {a:>14} {b:>14}", format!("decided by {tier}"));
-        }
-        println!(
-            "\nchanged: label {label_changes}, action {}, deciding tier {tier_changes}",
-            action_changes.values().sum::<usize>()
-        );
-        for ((from, to), count) in &action_changes {
-            println!("  action {from} -> {to}: {count}");
-        }
-        if !examples.is_empty() {
-            println!("\nfirst changed actions:\n{}", examples.join("\n"));
-        }
-        Ok(())
-    })
+    }
+}
+
+fn print_comparison(
+    n: usize,
+    (running, live_t): (&str, &Tally),
+    (candidate, cand_t): (&str, &Tally),
+    changes: &Changes,
+) {
+    let n = n.max(1) as f64;
+    println!("{:<22} {:>14} {:>14}", "", format!("running {running}"), format!("candidate {candidate}"));
+    println!("{:<22} {:>14.4} {:>14.4}", "label accuracy", live_t.correct as f64 / n, cand_t.correct as f64 / n);
+    for action in ["allow", "review", "block"] {
+        let (a, b) =
+            (live_t.actions.get(action).copied().unwrap_or(0), cand_t.actions.get(action).copied().unwrap_or(0));
+        println!("{:<22} {a:>14} {b:>14}", format!("action {action}"));
+    }
+    for tier in ["cpu", "gpu", "rules"] {
+        let (a, b) = (live_t.tiers.get(tier).copied().unwrap_or(0), cand_t.tiers.get(tier).copied().unwrap_or(0));
+        println!("{:<22} {a:>14} {b:>14}", format!("decided by {tier}"));
+    }
+    println!(
+        "\nchanged: label {}, action {}, deciding tier {}",
+        changes.labels,
+        changes.actions.values().sum::<usize>(),
+        changes.tiers
+    );
+    for ((from, to), count) in &changes.actions {
+        println!("  action {from} -> {to}: {count}");
+    }
+    if !changes.examples.is_empty() {
+        println!("\nfirst changed actions:\n{}", changes.examples.join("\n"));
+    }
 }

@@ -71,6 +71,9 @@ pub struct UpstreamLabels {
     pub upstream: String,
 }
 
+/// Counts by reason (escalations, fallbacks).
+pub type ReasonCounter = Family<ReasonLabels, Counter>;
+
 pub struct Metrics {
     registry: Registry,
     pub decisions: Family<DecisionLabels, Counter>,
@@ -79,8 +82,8 @@ pub struct Metrics {
     pub rule_errors: Family<RuleLabels, Counter>,
     pub decision_latency: Histogram,
     pub tier_latency: Family<TierLabels, Histogram>,
-    pub escalations: Family<ReasonLabels, Counter>,
-    pub fallbacks: Family<ReasonLabels, Counter>,
+    pub escalations: ReasonCounter,
+    pub fallbacks: ReasonCounter,
     pub shed: Counter,
     pub rate_limited: Counter,
     pub cpu_queue_depth: Gauge,

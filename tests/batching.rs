@@ -15,10 +15,10 @@ use common::*;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-use tiergate::config::ModelConfig;
-use tiergate::error::TierError;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
 use tiergate::tier::onnx::OnnxPool;
+use tiergate::tier::ModelConfig;
+use tiergate::tier::TierError;
 
 fn texts() -> Vec<String> {
     // Mixed lengths: whole test-split messages (up to 128 tokens) and short prefixes of them.
@@ -98,7 +98,7 @@ async fn concurrent_requests_are_batched_and_each_gets_its_own_result() {
         .iter()
         .map(|t| {
             let (pool, t) = (Arc::clone(&pool), Arc::<str>::from(t.as_str()));
-            tokio::spawn(async move { pool.classify(t, deadline).await })
+            tokio::spawn(async move { pool.classify(t, None, deadline).await })
         })
         .collect();
     let mut batched = 0;
@@ -152,11 +152,11 @@ async fn a_cancelled_client_does_not_leak_a_slot() {
         // Two requests fill the queue; both callers go away at once.
         let a = tokio::spawn({
             let pool = Arc::clone(&pool);
-            async move { pool.classify("first cancelled request".into(), deadline()).await }
+            async move { pool.classify("first cancelled request".into(), None, deadline()).await }
         });
         let b = tokio::spawn({
             let pool = Arc::clone(&pool);
-            async move { pool.classify("second cancelled request".into(), deadline()).await }
+            async move { pool.classify("second cancelled request".into(), None, deadline()).await }
         });
         tokio::task::yield_now().await;
         a.abort();
@@ -164,7 +164,10 @@ async fn a_cancelled_client_does_not_leak_a_slot() {
     }
     eventually("the queue to drain", || pool.queue_depth() == 0 && pool.in_flight() == 0).await;
     // Both slots are free again.
-    let (x, y) = tokio::join!(pool.classify("hello".into(), deadline()), pool.classify("see you".into(), deadline()));
+    let (x, y) = tokio::join!(
+        pool.classify("hello".into(), None, deadline()),
+        pool.classify("see you".into(), None, deadline())
+    );
     assert!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
     assert!(!matches!(x, Err(TierError::Overloaded { .. })));
 }

@@ -7,9 +7,9 @@ use common::openai_stub::{self, Behaviour, Fail};
 use common::*;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
-use tiergate::config::{GpuBackend, Provider};
 use tiergate::gateway::Sources;
-use tiergate::route::GpuMemory;
+use tiergate::select::GpuMemory;
+use tiergate::tier::{GpuBackend, Provider};
 
 const PROMPT: &str = r#"
 [prompt]

@@ -21,7 +21,7 @@ use tiergate::gateway::Sources;
 use tiergate::metrics::RouteLabels;
 use tiergate::proxy::config::ScreenConfig;
 use tiergate::proxy::layer::TierGateLayer;
-use tiergate::proxy::BoxBody;
+use tiergate::web::BoxBody;
 use tiergate::Gateway;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -165,7 +165,7 @@ async fn echo_action(req: Request<BoxBody>) -> Result<Response<Full<Bytes>>, std
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_in_process_counts_what_it_forwards_and_refuses_unknown_policies() {
     let config = common::config(&common::repo().join("policies"));
-    let gateway = Gateway::start(&config, Sources::default()).expect("gateway starts with the bundled model");
+    let gateway = Gateway::start(&config.gateway(), Sources::default()).expect("gateway starts with the bundled model");
     let screen: ScreenConfig = toml::from_str(r#"text = ["query:q"]"#).unwrap();
     let layer = TierGateLayer::new(Arc::clone(&gateway), config.server.clone(), "inproc", &screen).unwrap();
     // Any request body type: here a buffered one, not hyper's `Incoming`.

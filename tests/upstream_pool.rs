@@ -7,8 +7,9 @@ mod common;
 use common::openai_stub::{self, Behaviour, Fail, StubHandle};
 use std::sync::Arc;
 use std::time::Duration;
-use tiergate::error::TierError;
-use tiergate::tier::gpu::upstream::{PromptSpec, UpstreamConfig, UpstreamPool};
+use tiergate::policy::PromptSpec;
+use tiergate::tier::gpu::upstream::{UpstreamConfig, UpstreamPool};
+use tiergate::tier::TierError;
 use tokio::time::Instant;
 
 fn config(stubs: &[&StubHandle]) -> UpstreamConfig {

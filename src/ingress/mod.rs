@@ -1,4 +1,11 @@
-//! Ingress: the HTTP server, its tower stack, routing and request validation.
+//! tiergate's own front door: the HTTP server (hyper HTTP/1.1 and HTTP/2 under one tower
+//! stack), its endpoints (`/v1/classify`, probes, metrics, `/admin/*`), and the hand-over of
+//! proxied routes to [`crate::proxy`]. Errors become responses in one place ([`server`]'s
+//! `handle`).
 
-pub mod extract;
-pub mod server;
+mod config;
+mod endpoints;
+mod server;
+
+pub use config::AdminConfig;
+pub use server::{serve, App, Role};

@@ -6,12 +6,15 @@
 //! would) and the [`Decision`] in its extensions. A client-sent `x-tiergate-*` header never
 //! reaches the inner service.
 
+use super::forward::outgoing_body;
+use super::headers::{set_decision_headers, strip_forged};
 use super::screen::{self, Screen};
-use super::{decide, outgoing_body, set_decision_headers, strip_forged, BoxBody, BoxError, Next, Screening};
-use crate::config::ServerConfig;
+use super::{decide, Screening};
 use crate::decision::Decision;
+use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::metrics::RouteLabels;
+use crate::web::{boxed, headers, BoxBody, BoxError, ServerConfig};
 use bytes::Bytes;
 use futures_util::future::{Either, FutureExt, TryFutureExt};
 use http::{Request, Response};
@@ -68,20 +71,20 @@ impl<S> tower::Layer<S> for TierGateLayer {
     }
 }
 
-/// Screens `req`: the request to pass on, or the answer (blocked, or refused when fail-closed).
-async fn screen_request<B>(shared: Arc<Shared>, req: Request<B>) -> Result<Request<BoxBody>, Response<BoxBody>>
+/// Screens `req`: the request to pass on, or why not (blocked, or refused when fail-closed).
+async fn screen_request<B>(shared: Arc<Shared>, req: Request<B>) -> Result<Request<BoxBody>, ApiError>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
     let (mut parts, body) = req.into_parts();
-    let request_id = match parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+    let request_id = match parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()) {
         Some(id) => id.to_string(),
         None => {
             // The inner service sees the id the decision carries.
             let id = uuid::Uuid::new_v4().to_string();
             if let Ok(v) = http::HeaderValue::from_str(&id) {
-                parts.headers.insert("x-request-id", v);
+                parts.headers.insert(headers::REQUEST_ID, v);
             }
             id
         }
@@ -89,10 +92,7 @@ where
     let (outcome, outgoing) =
         screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id).await;
     let broken = matches!(outgoing, screen::Outgoing::Broken);
-    let screening = match decide(&shared.gateway, &shared.name, &shared.screen, outcome, broken) {
-        Next::Respond(response) => return Err(response),
-        Next::Forward(screening) => screening,
-    };
+    let screening = decide(&shared.gateway, &shared.name, &shared.screen, outcome, broken)?;
     // Counted as a proxied route counts what it forwards, so that `outcome` adds up to every
     // request the layer saw (blocked and refused ones are counted by `decide`).
     let outcome = match &screening {
@@ -141,7 +141,8 @@ where
         // Combinators rather than one `async` block: with `S::Future` held across an await,
         // rustc cannot prove the block `Send` for a generic `S` (rust-lang/rust#110338).
         Box::pin(screened.then(move |screened| match screened {
-            Err(response) => Either::Left(std::future::ready(Ok(response))),
+            // The layer's one place where an error becomes a response.
+            Err(e) => Either::Left(std::future::ready(Ok(boxed(e.into_response())))),
             Ok(request) => Either::Right(inner.call(request).map_ok(|response| response.map(BoxBody::new))),
         }))
     }

@@ -3,17 +3,16 @@
 //! for forwarding, whatever happened.
 
 use super::config::ScreenConfig;
-use crate::config::ServerConfig;
 use crate::decision::Decision;
 use crate::error::ApiError;
-use crate::gateway::{ClassifyRequest, Gateway};
-use crate::ingress::extract;
+use crate::gateway::Gateway;
+use crate::request::{self, ClassifyRequest};
+use crate::web::{self, ServerConfig};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, CONTENT_LENGTH};
 use http::request::Parts;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Where one value comes from.
@@ -177,7 +176,7 @@ where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    if let Err(e) = extract::require_json(&parts.headers) {
+    if let Err(e) = web::require_json(&parts.headers) {
         return (Err(e), Outgoing::Stream(body));
     }
     let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -249,12 +248,6 @@ fn classify_request(
             format!("no text to screen at any of the route's sources {:?}", screen.config.text),
         ));
     }
-    if text.len() > limits.max_text_bytes {
-        return Err(ApiError::invalid(
-            "text",
-            format!("the text to screen must be at most {} bytes, got {}", limits.max_text_bytes, text.len()),
-        ));
-    }
     let features: serde_json::Map<String, Value> =
         screen.features.iter().filter_map(|(name, source)| Some((name.clone(), source.get(parts, json)?))).collect();
     let tenant = match &screen.tenant {
@@ -262,15 +255,10 @@ fn classify_request(
             Value::String(s) => s,
             other => other.to_string(),
         }),
-        None => parts.headers.get(extract::TENANT_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        None => request::tenant_header(&parts.headers),
     };
-    Ok(ClassifyRequest {
-        text: Arc::from(text),
-        features,
-        tenant,
-        deadline: Duration::from_millis(screen.config.deadline_ms.unwrap_or(limits.default_deadline_ms)),
-        explain: false,
-    })
+    let deadline = Duration::from_millis(screen.config.deadline_ms.unwrap_or(limits.default_deadline_ms));
+    ClassifyRequest::new(text, features, tenant, deadline, limits)
 }
 
 /// The text in a JSON value: a string as it is, the strings inside arrays and objects in order,

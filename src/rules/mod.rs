@@ -11,12 +11,17 @@
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
 
-use crate::policy::{Action, DefaultVerdict, PolicyProblem, RuleSpec, SignalSpec};
+mod compile;
+mod spec;
+
+pub use compile::{compile, RuleProblem, SpecRef};
+pub use spec::{DefaultVerdict, RuleSpec, SignalSpec};
+
+use crate::action::Action;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
 use regex::Regex;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 struct Signal {
@@ -79,136 +84,6 @@ pub struct RuleVerdict {
 }
 
 impl RuleSet {
-    /// Compiles signals and rules, pushing every problem found; `None` if there was any.
-    pub(crate) fn compile(
-        signals: Vec<(PathBuf, usize, String, SignalSpec)>,
-        rules: Vec<(PathBuf, usize, RuleSpec)>,
-        default: Option<DefaultVerdict>,
-        problems: &mut Vec<PolicyProblem>,
-    ) -> Option<RuleSet> {
-        let before = problems.len();
-        let env = Arc::new(Env::stdlib());
-        let mut compiled_signals = Vec::new();
-        for (file, line, name, spec) in signals {
-            let first = problems.len();
-            let item = Some(format!("signal `{name}`"));
-            if spec.patterns.is_empty() {
-                problems.push(PolicyProblem {
-                    line: None,
-                    file: file.clone(),
-                    item: item.clone(),
-                    message: "needs at least one pattern".into(),
-                });
-            }
-            let mut patterns = Vec::new();
-            for p in &spec.patterns {
-                match Regex::new(p) {
-                    Ok(r) => patterns.push(r),
-                    Err(e) => problems.push(PolicyProblem {
-                        line: None,
-                        file: file.clone(),
-                        item: item.clone(),
-                        message: format!(
-                            "bad regex `{p}`: {}",
-                            e.to_string().lines().last().unwrap_or_default().trim()
-                        ),
-                    }),
-                }
-            }
-            compiled_signals.push(Signal { name, patterns });
-            problems[first..].iter_mut().for_each(|p| p.line = Some(line));
-        }
-        let signal_names: Vec<String> = compiled_signals.iter().map(|s| s.name.clone()).collect();
-        let zeros: BTreeMap<String, i64> = signal_names.iter().map(|n| (n.clone(), 0)).collect();
-        let no_features = serde_json::Map::new();
-        let dry_input = RulesInput { text: "", signals: &zeros, features: &no_features, tenant: None, model: None };
-        let dry_run = context(&env, &dry_input);
-        let mut compiled_rules: Vec<Rule> = Vec::new();
-        for (file, line, spec) in rules {
-            let first = problems.len();
-            'rule: {
-                let item = Some(format!("rule `{}`", spec.name));
-                if compiled_rules.iter().any(|r| r.name == spec.name) {
-                    problems.push(PolicyProblem {
-                        line: None,
-                        file: file.clone(),
-                        item: item.clone(),
-                        message: "duplicate rule name".into(),
-                    });
-                }
-                if !(0.0..=1.0).contains(&spec.score) {
-                    problems.push(PolicyProblem {
-                        line: None,
-                        file: file.clone(),
-                        item: item.clone(),
-                        message: format!("score must be in [0, 1], got {}", spec.score),
-                    });
-                }
-                let program = match env.compile(&spec.when) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        problems.push(PolicyProblem {
-                            line: None,
-                            file: file.clone(),
-                            item,
-                            message: format!("bad CEL in `when`: {}", e.to_string().trim()),
-                        });
-                        break 'rule;
-                    }
-                };
-                let rule_problems = problems.len();
-                let references = program.references();
-                for var in references.variables() {
-                    if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "model") {
-                        problems.push(PolicyProblem {
-                            line: None,
-                            file: file.clone(),
-                            item: item.clone(),
-                            message: format!("unknown variable `{var}`"),
-                        });
-                    }
-                }
-                // A misspelt signal would read as a missing key at run time and never match.
-                for name in SIGNAL_REF.captures_iter(&spec.when).map(|c| c[1].to_string()) {
-                    if !signal_names.contains(&name) {
-                        problems.push(PolicyProblem {
-                            line: None,
-                            file: file.clone(),
-                            item: item.clone(),
-                            message: format!("unknown signal `{name}`; defined: {}", signal_names.join(", ")),
-                        });
-                    }
-                }
-                // Dry run on an empty request (every signal 0, no features, no model): a type error
-                // shows here; a missing feature or model field is expected and fine.
-                match program.execute(&dry_run) {
-                    _ if problems.len() > rule_problems => {}
-                    Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => {}
-                    Ok(other) => problems.push(PolicyProblem {
-                        line: None,
-                        file: file.clone(),
-                        item: item.clone(),
-                        message: format!("`when` must evaluate to a bool, got {other:?}"),
-                    }),
-                    Err(e) => problems.push(PolicyProblem {
-                        line: None,
-                        file: file.clone(),
-                        item: item.clone(),
-                        message: format!("`when` fails on an empty request: {e}"),
-                    }),
-                }
-                compiled_rules.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
-            }
-            problems[first..].iter_mut().for_each(|p| p.line = Some(line));
-        }
-        match default {
-            Some(default) if problems.len() == before => {
-                Some(RuleSet { env, signals: compiled_signals, rules: compiled_rules, default })
-            }
-            _ => None,
-        }
-    }
-
     /// Match counts of every signal over `text`.
     pub fn count_signals(&self, text: &str) -> BTreeMap<String, i64> {
         self.signals
@@ -275,10 +150,6 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
     ctx
 }
 
-/// `signals.NAME` in a rule's source.
-static SIGNAL_REF: std::sync::LazyLock<Regex> =
-    std::sync::LazyLock::new(|| Regex::new(r"\bsignals\.([A-Za-z_][A-Za-z0-9_]*)").expect("valid regex"));
-
 /// JSON -> CEL with integers as `int` (CEL integer literals are `int`, so `features.amount > 10000`
 /// must compare int with int; serde would give `uint`).
 fn json_to_cel(v: &serde_json::Value) -> Value {
@@ -304,7 +175,7 @@ fn json_object_to_cel(o: &serde_json::Map<String, serde_json::Value>) -> Value {
 mod tests {
     use super::*;
     use crate::policy::Policy;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     fn policy(text: &str) -> Result<Policy, crate::policy::PolicyError> {
         let base = r#"

@@ -5,9 +5,14 @@
 //! timeout, an admission limit and a circuit breaker.
 
 pub mod breaker;
+pub mod config;
+mod error;
 pub mod gpu;
 pub mod model;
 pub mod onnx;
+
+pub use config::{GpuBackend, GpuConfig, ModelConfig, Provider};
+pub use error::TierError;
 
 /// A calibrated verdict from a model tier (cpu, or either gpu backend).
 #[derive(Debug, Clone, PartialEq)]

@@ -10,8 +10,8 @@
 //! - `ood.json`: k-means centroids of training embeddings and the quantiles of the validation
 //!   split's distance to them.
 
+pub use super::config::Provider;
 use crate::calibrate::{softmax_t, CalibrationFile};
-pub use crate::config::Provider;
 use anyhow::{bail, Context as _};
 use ort::environment::Environment;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
@@ -20,7 +20,7 @@ use ort::value::Tensor;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 /// `model.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -110,8 +110,8 @@ pub struct SessionOptions {
     pub device_id: i32,
 }
 
-impl From<&crate::config::ModelConfig> for SessionOptions {
-    fn from(c: &crate::config::ModelConfig) -> Self {
+impl From<&super::config::ModelConfig> for SessionOptions {
+    fn from(c: &super::config::ModelConfig) -> Self {
         SessionOptions {
             intra_threads: c.intra_threads,
             intra_op_spinning: c.intra_op_spinning,
@@ -184,12 +184,10 @@ impl ModelAssets {
         })
     }
 
-    /// A token counter with this model's tokenizer (for the complexity rater).
+    /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
+    /// are the model's own input.
     pub fn token_counter(&self) -> TokenCounter {
-        let mut t = self.tokenizer.clone();
-        // Turning truncation off cannot fail.
-        let _ = t.with_truncation(None);
-        TokenCounter(t)
+        TokenCounter { tokenizer: self.tokenizer.clone(), max_seq_len: self.info.max_seq_len }
     }
 
     /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`).
@@ -226,28 +224,51 @@ impl ModelAssets {
     }
 }
 
-/// Counts tokens with the model's own tokenizer, at a bounded cost.
+/// Counts tokens with the model's own tokenizer, at a bounded cost, keeping the encoding so the
+/// model does not tokenise the same text again.
 #[derive(Clone)]
-pub struct TokenCounter(Tokenizer);
+pub struct TokenCounter {
+    /// The model's tokenizer, truncating at `max_seq_len`.
+    tokenizer: Tokenizer,
+    max_seq_len: usize,
+}
+
+/// Tokens counted for the complexity rater.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    /// Tokens in the text (with `[CLS]`/`[SEP]`), exact below `min(cap, max_seq_len)`; `cap`
+    /// means "`cap` or more".
+    pub count: usize,
+    /// The model's input for this text, when counting made it (see [`TokenCounter::count`]).
+    pub encoding: Option<Encoding>,
+}
 
 impl TokenCounter {
-    /// Tokens in `text` (with `[CLS]`/`[SEP]`), exact below `cap`; `cap` means "`cap` or more".
+    /// Counts the tokens of `text` up to `cap`.
     ///
     /// The cost is bounded whatever the text's length (the complexity rater calls this on the
     /// request path): every whitespace-separated word is at least one WordPiece token, so a text
-    /// of `cap` words is at `cap` without tokenising; otherwise only its first `cap * 8` bytes are.
-    pub fn count(&self, text: &str, cap: usize) -> usize {
+    /// of `cap` words is at `cap` without tokenising (and the model tokenises it later). Otherwise
+    /// the text is encoded exactly as [`Classifier::encode`] does, and the encoding travels to the
+    /// model with the request, so no text is tokenised twice.
+    pub fn count(&self, text: &str, cap: usize) -> Tokens {
         if text.split_whitespace().take(cap).count() >= cap {
-            return cap;
+            return Tokens { count: cap, encoding: None };
         }
-        let head = prefix(text, cap.saturating_mul(8));
-        let n = self.0.encode_fast(head, true).map(|e| e.len()).unwrap_or(0);
-        if head.len() < text.len() {
-            n.max(cap)
-        } else {
-            n.min(cap)
-        }
+        let head = prefix(text, model_bytes(self.max_seq_len));
+        let Ok(encoding) = self.tokenizer.encode_fast(head, true) else {
+            return Tokens { count: 0, encoding: None };
+        };
+        let cut = head.len() < text.len() || encoding.len() >= self.max_seq_len;
+        let count = if cut { cap } else { encoding.len().min(cap) };
+        Tokens { count, encoding: Some(encoding) }
     }
+}
+
+/// Tokens past `max_seq_len` are cut anyway; a WordPiece token is rarely longer than 16 bytes,
+/// so cutting the text first spares tokenising up to `max_text_bytes` for nothing.
+fn model_bytes(max_seq_len: usize) -> usize {
+    max_seq_len * 16
 }
 
 /// The model, ready to run on the calling thread (blocking).
@@ -271,20 +292,24 @@ impl Classifier {
         &self.assets.info
     }
 
-    /// Tokenises and classifies a batch, padding to the longest sequence in the batch (not to
-    /// `max_seq_len`). Blocking: call from a worker thread, never from the async runtime.
+    /// The model's input for `text`: its first `max_seq_len` tokens, `[SEP]` kept last.
+    pub fn encode(&self, text: &str) -> anyhow::Result<Encoding> {
+        let head = prefix(text, model_bytes(self.assets.info.max_seq_len));
+        self.assets.tokenizer.encode_fast(head, true).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))
+    }
+
+    /// Tokenises and classifies a batch (see [`Classifier::run`]).
     pub fn classify(&mut self, texts: &[&str]) -> anyhow::Result<Vec<Output>> {
-        if texts.is_empty() {
+        let encodings = texts.iter().map(|t| self.encode(t)).collect::<anyhow::Result<Vec<_>>>()?;
+        self.run(&encodings)
+    }
+
+    /// Classifies a batch of encodings, padding to the longest sequence in the batch (not to
+    /// `max_seq_len`). Blocking: call from a worker thread, never from the async runtime.
+    pub fn run(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Output>> {
+        if encodings.is_empty() {
             return Ok(Vec::new());
         }
-        // Tokens past `max_seq_len` are cut anyway; a WordPiece token is rarely longer than 16 bytes,
-        // so cutting the text first spares tokenising up to `max_text_bytes` for nothing.
-        let max_bytes = self.assets.info.max_seq_len * 16;
-        let encodings = texts
-            .iter()
-            .map(|t| self.assets.tokenizer.encode_fast(prefix(t, max_bytes), true))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
         let batch = encodings.len();
         let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(1).max(1);
         let mut ids = vec![0i64; batch * seq];

@@ -9,19 +9,22 @@
 //! most `max_queue_delay_us` after the first for more to join; a batch is padded to its longest
 //! sequence, not to the model's maximum.
 
-use super::model::{ModelAssets, ModelInfo, SessionOptions, TokenCounter};
+use super::model::{ModelAssets, ModelInfo, SessionOptions, TokenCounter, Tokens};
+use super::ModelConfig;
 use super::ModelVerdict;
-use crate::config::ModelConfig;
-use crate::error::TierError;
+use crate::tier::TierError;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use ort::environment::Environment;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use tokenizers::Encoding;
 use tokio::sync::oneshot;
 
 struct Job {
     text: Arc<str>,
+    /// The model's input when the complexity rater already made it (tokenised once).
+    encoding: Option<Encoding>,
     enqueued: Instant,
     deadline: Instant,
     reply: oneshot::Sender<Result<ModelVerdict, TierError>>,
@@ -76,8 +79,9 @@ impl OnnxPool {
         &self.info
     }
 
-    /// Counts tokens with the model's tokenizer (see [`TokenCounter::count`]).
-    pub fn count_tokens(&self, text: &str, cap: usize) -> usize {
+    /// Counts tokens with the model's tokenizer (see [`TokenCounter::count`]); the encoding, if
+    /// any, is for [`OnnxPool::classify`].
+    pub fn tokens(&self, text: &str, cap: usize) -> Tokens {
         self.counter.count(text, cap)
     }
 
@@ -96,14 +100,20 @@ impl OnnxPool {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Classifies `text`, giving up at `deadline`.
+    /// Classifies `text` (from `encoding` when this pool's [`OnnxPool::tokens`] made one), giving
+    /// up at `deadline`.
     ///
     /// Errors: `Overloaded` when the queue is full, `DeadlineExceeded` when the deadline passes
     /// first, `Inference` when tokenisation or ONNX Runtime fails.
-    pub async fn classify(&self, text: Arc<str>, deadline: tokio::time::Instant) -> Result<ModelVerdict, TierError> {
+    pub async fn classify(
+        &self,
+        text: Arc<str>,
+        encoding: Option<Encoding>,
+        deadline: tokio::time::Instant,
+    ) -> Result<ModelVerdict, TierError> {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
-        let job = Job { text, enqueued, deadline: deadline.into_std(), reply };
+        let job = Job { text, encoding, enqueued, deadline: deadline.into_std(), reply };
         self.tx.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => TierError::Overloaded { capacity: self.capacity },
             TrySendError::Disconnected(_) => TierError::Unavailable("inference workers have stopped".into()),
@@ -159,8 +169,22 @@ fn worker(
         }
         in_flight.fetch_add(live.len(), Ordering::Relaxed);
         let started = Instant::now();
-        let texts: Vec<&str> = live.iter().map(|j| &*j.text).collect();
-        let result = classifier.classify(&texts);
+        let mut ready = Vec::with_capacity(live.len());
+        let mut encodings = Vec::with_capacity(live.len());
+        for mut job in live {
+            match job.encoding.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
+                Ok(e) => {
+                    encodings.push(e);
+                    ready.push(job);
+                }
+                Err(e) => {
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                    let _ = job.reply.send(Err(TierError::Inference(e.to_string())));
+                }
+            }
+        }
+        let live = ready;
+        let result = classifier.run(&encodings);
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();

@@ -61,14 +61,14 @@ pub fn start_with_admin(
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
-            let gateway = Gateway::start(&config, sources).expect("gateway starts with the bundled model");
+            let gateway = Gateway::start(&config.gateway(), sources).expect("gateway starts with the bundled model");
             let listener = tokio::net::TcpListener::bind(config.server.listen).await.unwrap();
             let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send((listener.local_addr().unwrap(), admin_listener.local_addr().unwrap(), Arc::clone(&gateway)))
                 .unwrap();
             let mut config = config;
             config.admin.token = token;
-            let (app, admin) = App::pair(gateway, &config).expect("valid routes");
+            let (app, admin) = App::pair(gateway, &config.server, &config.admin, config.proxy().expect("valid routes"));
             tokio::spawn(tiergate::serve(admin_listener, Arc::new(admin), std::future::pending()));
             let app = Arc::new(app);
             tiergate::serve(listener, app, std::future::pending()).await.unwrap();

@@ -9,18 +9,19 @@
 pub mod upstream;
 
 use super::breaker::{CircuitBreaker, CircuitState};
+use super::config::{GpuBackend, GpuConfig};
 use super::model::ModelInfo;
 use super::onnx::OnnxPool;
 use super::ModelVerdict;
-use crate::config::{GpuBackend, GpuConfig};
-use crate::error::TierError;
+use crate::policy::PromptSpec;
 use crate::signals::latency::LatencyTracker;
+use crate::tier::TierError;
 use ort::environment::Environment;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use upstream::{PromptSpec, UpstreamPool};
+use upstream::UpstreamPool;
 
 pub enum Backend {
     Onnx(OnnxPool),
@@ -94,10 +95,10 @@ impl GpuTier {
         }
         // If this future is dropped mid-call (client gone), the call counts as failed, so a
         // half-open probe can never stay in flight forever.
-        let mut outcome = Outcome { breaker: &self.breaker, success: false };
+        let mut outcome = BreakerRecord { breaker: &self.breaker, success: false };
         let deadline = deadline.min(started + self.timeout);
         let result = match &self.backend {
-            Backend::Onnx(pool) => pool.classify(text, deadline).await,
+            Backend::Onnx(pool) => pool.classify(text, None, deadline).await,
             Backend::Upstream(pool) => match prompt {
                 Some(p) => match tokio::time::timeout_at(deadline, pool.classify(p, &text, deadline)).await {
                     Ok(r) => r,
@@ -134,12 +135,12 @@ impl Drop for Slot<'_> {
 }
 
 /// Records the call's outcome with the breaker on drop.
-struct Outcome<'a> {
+struct BreakerRecord<'a> {
     breaker: &'a CircuitBreaker,
     success: bool,
 }
 
-impl Drop for Outcome<'_> {
+impl Drop for BreakerRecord<'_> {
     fn drop(&mut self) {
         self.breaker.record(self.success, Instant::now());
     }

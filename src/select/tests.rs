@@ -3,6 +3,7 @@
 use super::*;
 use crate::complexity::Complexity;
 use crate::policy::Policy;
+use crate::tier::breaker::CircuitState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -99,9 +100,10 @@ fn saturated_cpu_sends_work_to_gpu() {
     assert!(s.reason.contains("cpu utilization 0.97 above max_utilization 0.9"), "{}", s.reason);
     let mut sig = idle();
     sig.cpu.queue_depth = 11;
+    assert_eq!(start(&complexity(0.1), &p, &sig, PLENTY).cpu, Err(Ineligible::QueueDepth { depth: 11, max: 10 }));
     assert_eq!(
-        start(&complexity(0.1), &p, &sig, PLENTY).cpu,
-        Err("cpu queue depth 11 above max_queue_depth 10".into())
+        Ineligible::QueueDepth { depth: 11, max: 10 }.to_string(),
+        "cpu queue depth 11 above max_queue_depth 10"
     );
 }
 
@@ -124,7 +126,7 @@ fn every_gpu_ineligibility_has_its_reason() {
     let check = |f: &dyn Fn(&mut SignalsSnapshot), remaining: Duration, want: &str| {
         let mut sig = idle();
         f(&mut sig);
-        let got = gpu_eligibility(&p, &sig, remaining).unwrap_err();
+        let got = gpu_eligibility(&p, &sig, remaining).unwrap_err().to_string();
         assert!(got.contains(want), "want {want:?}, got {got:?}");
     };
     check(&|s| s.gpu.unavailable = Some("no gpu tier configured".into()), PLENTY, "no gpu tier configured");
@@ -150,15 +152,15 @@ fn unknown_signals_count_as_the_policy_says() {
     assert_eq!(cpu_eligibility(&open, &sig, PLENTY), Ok(()));
     assert_eq!(gpu_eligibility(&open, &sig, PLENTY), Ok(()));
     let closed = policy("[routing]\nunknown_signals = \"ineligible\"\n");
-    assert!(cpu_eligibility(&closed, &sig, PLENTY).unwrap_err().contains("unknown"));
-    assert!(gpu_eligibility(&closed, &sig, PLENTY).unwrap_err().contains("unknown"));
+    assert!(cpu_eligibility(&closed, &sig, PLENTY).unwrap_err().to_string().contains("unknown"));
+    assert!(gpu_eligibility(&closed, &sig, PLENTY).unwrap_err().to_string().contains("unknown"));
 }
 
 #[test]
 fn cpu_deadline_is_compared_with_its_p95() {
     let mut sig = idle();
     sig.cpu.p95_us = Some(30_000);
-    let e = cpu_eligibility(&policy(""), &sig, Duration::from_millis(10)).unwrap_err();
+    let e = cpu_eligibility(&policy(""), &sig, Duration::from_millis(10)).unwrap_err().to_string();
     assert_eq!(e, "remaining deadline 10 ms does not cover cpu p95 30.0 ms");
 }
 
@@ -173,13 +175,13 @@ fn unsure_cpu_verdict_escalates_when_gpu_is_eligible() {
     let p = policy("");
     match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &Ok(())) {
         Next::Escalate { outcome, reason } => {
-            assert_eq!(outcome, "low_confidence");
+            assert_eq!(outcome, Outcome::LowConfidence);
             assert_eq!(reason, "confidence 0.800 below escalate_below 0.9");
         }
         other => panic!("{other:?}"),
     }
     match after_cpu(&verdict(0.99, Some(0.97)), &complexity(0.2), &p, &Ok(())) {
-        Next::Escalate { outcome, .. } => assert_eq!(outcome, "out_of_distribution", "OOD beats confidence"),
+        Next::Escalate { outcome, .. } => assert_eq!(outcome, Outcome::OutOfDistribution, "OOD beats confidence"),
         other => panic!("{other:?}"),
     }
 }
@@ -187,20 +189,20 @@ fn unsure_cpu_verdict_escalates_when_gpu_is_eligible() {
 #[test]
 fn unsure_cpu_verdict_without_gpu_stands_or_goes_to_rules_by_accept_below() {
     let p = policy("");
-    let no_gpu = Err("no gpu tier configured".to_string());
+    let no_gpu = Err(Ineligible::NotConfigured("no gpu tier configured".into()));
     match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
         Next::Accept { note: Some(note) } => assert!(note.contains("not escalated: gpu ineligible"), "{note}"),
         other => panic!("{other:?}"),
     }
     match after_cpu(&verdict(0.6, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
         Next::Rules { outcome, reason } => {
-            assert_eq!(outcome, "low_confidence");
+            assert_eq!(outcome, Outcome::LowConfidence);
             assert!(reason.starts_with("confidence 0.600 below accept_below 0.7"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
     match after_cpu(&verdict(0.99, Some(0.99)), &complexity(0.2), &p, &no_gpu) {
-        Next::Rules { outcome, .. } => assert_eq!(outcome, "out_of_distribution"),
+        Next::Rules { outcome, .. } => assert_eq!(outcome, Outcome::OutOfDistribution),
         other => panic!("{other:?}"),
     }
 }
@@ -219,5 +221,55 @@ fn escalation_needs_gpu_min_complexity() {
 fn gpu_verdict_below_accept_goes_to_rules() {
     let p = policy("");
     assert_eq!(after_gpu(&verdict(0.75, None), &p), Next::Accept { note: None });
-    assert!(matches!(after_gpu(&verdict(0.6, None), &p), Next::Rules { outcome: "low_confidence", .. }));
+    assert!(matches!(after_gpu(&verdict(0.6, None), &p), Next::Rules { outcome: Outcome::LowConfidence, .. }));
+}
+
+#[test]
+fn gpu_is_left_only_when_untried_and_eligible() {
+    let p = policy("");
+    let untried = Tried::default();
+    assert_eq!(gpu_left(untried, &p, &idle(), PLENTY), Ok(()));
+    assert_eq!(gpu_left(Tried { cpu: true, gpu: true }, &p, &idle(), PLENTY), Err(Ineligible::AlreadyTried));
+    let mut sig = idle();
+    sig.gpu.circuit = CircuitState::Open;
+    assert_eq!(gpu_left(untried, &p, &sig, PLENTY), Err(Ineligible::CircuitOpen));
+}
+
+#[test]
+fn a_failed_tier_hands_over_to_the_other_model_tier_once() {
+    let cpu_only = Tried { cpu: true, gpu: false };
+    assert_eq!(after_failure(TierName::Cpu, cpu_only, Ok(())), Fallback::Try(Stage::Gpu));
+    assert_eq!(
+        after_failure(TierName::Cpu, cpu_only, Err(Ineligible::CircuitOpen)),
+        Fallback::Rules { skipped: Some((TierName::Gpu, Ineligible::CircuitOpen)) }
+    );
+    let gpu_only = Tried { cpu: false, gpu: true };
+    assert_eq!(after_failure(TierName::Gpu, gpu_only, Ok(())), Fallback::Try(Stage::Cpu));
+    // Both tried: rules, and nothing is reported as skipped.
+    let both = Tried { cpu: true, gpu: true };
+    assert_eq!(after_failure(TierName::Gpu, both, Ok(())), Fallback::Rules { skipped: None });
+    assert_eq!(after_failure(TierName::Cpu, both, Err(Ineligible::AlreadyTried)), Fallback::Rules { skipped: None });
+}
+
+#[test]
+fn a_failed_escalation_keeps_a_cpu_verdict_that_would_stand_alone() {
+    let p = policy("");
+    // 0.8 is below escalate_below 0.9 but above accept_below 0.7: it stands without the gpu tier.
+    match after_failed_escalation(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, Outcome::Timeout) {
+        Next::Accept { note: Some(note) } => assert!(note.contains("gpu ineligible: gpu tier timeout"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    let rules = after_failed_escalation(&verdict(0.6, Some(0.5)), &complexity(0.2), &p, Outcome::Error);
+    assert!(matches!(rules, Next::Rules { outcome: Outcome::LowConfidence, .. }), "{rules:?}");
+    let ood = after_failed_escalation(&verdict(0.99, Some(0.99)), &complexity(0.2), &p, Outcome::Shed);
+    assert!(matches!(ood, Next::Rules { outcome: Outcome::OutOfDistribution, .. }), "{ood:?}");
+}
+
+#[test]
+fn tier_errors_name_their_outcome() {
+    assert_eq!(Outcome::from(&TierError::Overloaded { capacity: 1 }), Outcome::Shed);
+    assert_eq!(Outcome::from(&TierError::DeadlineExceeded { waited_us: 1 }), Outcome::Timeout);
+    assert_eq!(Outcome::from(&TierError::CircuitOpen), Outcome::CircuitOpen);
+    assert_eq!(Outcome::from(&TierError::Inference("x".into())), Outcome::Error);
+    assert_eq!(serde_json::to_value(Outcome::OutOfDistribution).unwrap(), "out_of_distribution");
 }

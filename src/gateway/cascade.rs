@@ -1,0 +1,386 @@
+//! The confidence cascade for one request: run the stage routing picked, record how it ended,
+//! ask routing ([`crate::select`]) what comes next, until a verdict stands or rules decide.
+//!
+//! Every choice is made by `select`; this loop only runs stages and writes the path. Tier
+//! verdicts come from [`Tiers`]: the live tiers (recorded, so a shadow policy can replay them),
+//! or a replay of recorded verdicts, which is also how the loop is unit-tested without a model.
+
+use crate::action::Action;
+use crate::complexity::{Complexity, TextStats};
+use crate::decision::{Decision, Explain, Label, Outcome, Step, TierName};
+use crate::error::ApiError;
+use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
+use crate::policy::Policy;
+use crate::request::ClassifyRequest;
+use crate::rules::{ModelView, RulesInput};
+use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
+use crate::signals::latency::LatencyTracker;
+use crate::tier::gpu::GpuTier;
+use crate::tier::onnx::OnnxPool;
+use crate::tier::{ModelVerdict, TierError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokenizers::Encoding;
+use tokio::time::Instant;
+
+/// The tier verdicts a live run obtained, for replaying under a shadow policy.
+#[derive(Debug, Default, Clone)]
+pub struct Recorded {
+    pub cpu: Option<Result<ModelVerdict, TierError>>,
+    pub gpu: Option<Result<ModelVerdict, TierError>>,
+}
+
+/// The live tiers and where a live run records what it sees.
+pub struct LiveTiers<'a> {
+    pub cpu: &'a OnnxPool,
+    pub gpu: Option<&'a GpuTier>,
+    pub metrics: &'a Metrics,
+    /// The cpu tier's service time, for routing's p95.
+    pub cpu_latency: &'a LatencyTracker,
+    pub recorded: &'a Mutex<Recorded>,
+}
+
+/// Where a cascade's tier verdicts come from.
+pub enum Tiers<'a> {
+    /// Call the tiers, record what they answer, count in metrics.
+    Live(LiveTiers<'a>),
+    /// Replay what a live run obtained; a tier it did not call is unavailable. Counts nothing.
+    Replay(&'a Recorded),
+}
+
+const NOT_RUN: &str = "not called by the live policy (shadow evaluation never calls a model)";
+
+impl Tiers<'_> {
+    fn metrics(&self) -> Option<&Metrics> {
+        match self {
+            Tiers::Live(live) => Some(live.metrics),
+            Tiers::Replay(_) => None,
+        }
+    }
+
+    async fn cpu(
+        &self,
+        text: &Arc<str>,
+        encoding: Option<Encoding>,
+        deadline: Instant,
+    ) -> Result<ModelVerdict, TierError> {
+        match self {
+            Tiers::Live(live) => {
+                let r = live.cpu.classify(Arc::clone(text), encoding, deadline).await;
+                live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
+                if let Ok(v) = &r {
+                    // Routing's p95 is the tier's service time: the wait in its queue is gated
+                    // by `max_queue_depth` and the deadline, and counting it here too would keep
+                    // an idle tier "slow" after a burst.
+                    live.cpu_latency.record(v.infer_us);
+                }
+                r
+            }
+            Tiers::Replay(rec) => rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+        }
+    }
+
+    async fn gpu(&self, policy: &Policy, text: &Arc<str>, deadline: Instant) -> Result<ModelVerdict, TierError> {
+        match self {
+            Tiers::Live(live) => {
+                let Some(gpu) = live.gpu else {
+                    return Err(TierError::Unavailable("no gpu tier configured".into()));
+                };
+                let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).await;
+                live.recorded.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());
+                r
+            }
+            Tiers::Replay(rec) => rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+        }
+    }
+
+    /// Time spent in a stage, as the request saw it (queue included), into the histogram.
+    fn observe(&self, tier: TierName, us: u64) {
+        if let Some(m) = self.metrics() {
+            m.tier_latency.get_or_create(&TierLabels { tier: tier.as_str() }).observe(us as f64 / 1e6);
+        }
+    }
+}
+
+/// How hard a request is, measured once before the cascade.
+#[derive(Debug, Clone)]
+pub struct Rating {
+    pub stats: TextStats,
+    pub complexity: Complexity,
+    /// Match counts of every policy signal over the text.
+    pub signals: BTreeMap<String, i64>,
+    /// The cpu model's input, when rating tokenised the text (it travels with the cpu job).
+    pub encoding: Option<Encoding>,
+}
+
+/// Everything the cascade reads for one request.
+pub struct Inputs<'a> {
+    pub policy: &'a Policy,
+    pub req: &'a ClassifyRequest,
+    pub snapshot: &'a SignalsSnapshot,
+    pub started: Instant,
+}
+
+impl Inputs<'_> {
+    fn deadline(&self) -> Instant {
+        self.started + self.req.deadline
+    }
+
+    /// The time left now: read again after every await.
+    fn remaining(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+}
+
+/// What a stage leads to.
+enum Then {
+    /// This tier's verdict stands.
+    Decide(TierName, ModelVerdict),
+    Stage(Stage),
+}
+
+/// Runs the cascade: start where routing says, then stage after stage until a verdict stands
+/// or rules decide. Errors only with `Shed` (both model tiers saturated, policy says shed).
+pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(Decision, Option<Explain>), ApiError> {
+    let start = select::start(&rating.complexity, x.policy, x.snapshot, x.req.deadline);
+    let mut run = Run {
+        metrics: tiers.metrics(),
+        path: Vec::with_capacity(4),
+        model: None,
+        escalated: None,
+        tried: Tried::default(),
+        complexity: rating.complexity,
+        encoding: rating.encoding,
+    };
+    let mut stage = start.stage;
+    let decision = loop {
+        let then = match stage {
+            Stage::Shed => {
+                if let Some(m) = run.metrics {
+                    m.shed.inc();
+                }
+                let retry_after_s = x.policy.routing.retry_after_s;
+                return Err(ApiError::Shed { reason: start.reason.clone(), retry_after_s });
+            }
+            Stage::Cpu => run.cpu(x, tiers).await,
+            Stage::Gpu => run.gpu(x, tiers).await,
+            Stage::Rules => break run.rules(x, &start, &rating.signals, tiers),
+        };
+        stage = match then {
+            Then::Decide(tier, v) => break run.decide(tier, &v, x.policy),
+            Then::Stage(next) => next,
+        };
+    };
+    let explain = x.req.explain.then(|| Explain {
+        complexity: run.complexity,
+        stats: rating.stats,
+        signals: x.snapshot.clone(),
+        start,
+    });
+    Ok((decision, explain))
+}
+
+/// The cascade's state for one request.
+struct Run<'a> {
+    /// Where to count escalations and fallbacks: live runs only.
+    metrics: Option<&'a Metrics>,
+    path: Vec<Step>,
+    /// The last unsure model verdict, for the rules to see.
+    model: Option<ModelView>,
+    /// The cpu verdict an escalation to the gpu tier started from.
+    escalated: Option<ModelVerdict>,
+    tried: Tried,
+    /// The rating's complexity, with the cpu tier's OOD score once known.
+    complexity: Complexity,
+    encoding: Option<Encoding>,
+}
+
+impl Run<'_> {
+    async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
+        self.tried.cpu = true;
+        let t = Instant::now();
+        let result = tiers.cpu(&x.req.text, self.encoding.take(), x.deadline()).await;
+        let us = t.elapsed().as_micros() as u64;
+        tiers.observe(TierName::Cpu, us);
+        let remaining = x.remaining();
+        let v = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let gpu = select::gpu_eligibility(x.policy, x.snapshot, remaining);
+                return Then::Stage(self.failed(
+                    TierName::Cpu,
+                    &e,
+                    us,
+                    select::after_failure(TierName::Cpu, self.tried, gpu),
+                ));
+            }
+        };
+        if let Some(ood) = v.ood_score {
+            self.complexity = self.complexity.with_ood(&x.policy.complexity, ood);
+        }
+        let gpu = select::gpu_left(self.tried, x.policy, x.snapshot, remaining);
+        match self.model_step(TierName::Cpu, &v, us, select::after_cpu(&v, &self.complexity, x.policy, &gpu)) {
+            None => Then::Decide(TierName::Cpu, v),
+            Some(Stage::Rules) => {
+                if let (false, Err(why)) = (self.tried.gpu, gpu) {
+                    self.path.push(Step::new(TierName::Gpu, Outcome::Skipped, 0).reason(format!("unavailable: {why}")));
+                }
+                Then::Stage(Stage::Rules)
+            }
+            Some(next) => Then::Stage(next),
+        }
+    }
+
+    async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
+        self.tried.gpu = true;
+        let t = Instant::now();
+        let result = tiers.gpu(x.policy, &x.req.text, x.deadline()).await;
+        let us = t.elapsed().as_micros() as u64;
+        tiers.observe(TierName::Gpu, us);
+        match (result, self.escalated.take()) {
+            (Ok(v), _) => match self.model_step(TierName::Gpu, &v, us, select::after_gpu(&v, x.policy)) {
+                None => Then::Decide(TierName::Gpu, v),
+                Some(next) => Then::Stage(next),
+            },
+            (Err(e), Some(cpu)) => {
+                self.record_failure(TierName::Gpu, &e, us);
+                match select::after_failed_escalation(&cpu, &self.complexity, x.policy, Outcome::from(&e)) {
+                    Next::Accept { note } => {
+                        let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
+                        step.confidence = Some(cpu.confidence);
+                        step.risk_score = Some(cpu.risk_score);
+                        step.reason = note;
+                        self.path.push(step);
+                        Then::Decide(TierName::Cpu, cpu)
+                    }
+                    _ => Then::Stage(Stage::Rules),
+                }
+            }
+            (Err(e), None) => {
+                let cpu = select::cpu_eligibility(x.policy, x.snapshot, x.remaining());
+                Then::Stage(self.failed(TierName::Gpu, &e, us, select::after_failure(TierName::Gpu, self.tried, cpu)))
+            }
+        }
+    }
+
+    fn count(&self, family: fn(&Metrics) -> &crate::metrics::ReasonCounter, reason: Outcome) {
+        if let Some(m) = self.metrics {
+            family(m).get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+        }
+    }
+
+    /// Records a model tier's step; `None` when its verdict stands, else the next stage.
+    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, next: Next) -> Option<Stage> {
+        let mut step = Step::new(tier, Outcome::Accepted, us);
+        step.confidence = Some(v.confidence);
+        step.risk_score = Some(v.risk_score);
+        step.ood_score = v.ood_score;
+        step.endpoint = v.endpoint.clone();
+        let next = match next {
+            Next::Accept { note } => {
+                step.reason = note;
+                None
+            }
+            Next::Escalate { outcome, reason } => {
+                self.count(|m| &m.escalations, outcome);
+                step.outcome = outcome;
+                step.reason = Some(format!("{reason}; escalating to gpu"));
+                self.escalated = Some(v.clone());
+                Some(Stage::Gpu)
+            }
+            Next::Rules { outcome, reason } => {
+                self.count(|m| &m.fallbacks, outcome);
+                step.outcome = outcome;
+                step.reason = Some(reason);
+                Some(Stage::Rules)
+            }
+        };
+        if next.is_some() {
+            self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
+        }
+        self.path.push(step);
+        next
+    }
+
+    /// Records a tier's failure.
+    fn record_failure(&mut self, tier: TierName, e: &TierError, us: u64) {
+        let outcome = Outcome::from(e);
+        self.count(|m| &m.fallbacks, outcome);
+        self.path.push(Step::new(tier, outcome, us).reason(e.to_string()));
+    }
+
+    /// Records a tier's failure and where routing sends the request instead.
+    fn failed(&mut self, tier: TierName, e: &TierError, us: u64, fallback: Fallback) -> Stage {
+        self.record_failure(tier, e, us);
+        match fallback {
+            Fallback::Try(stage) => stage,
+            Fallback::Rules { skipped } => {
+                if let Some((other, why)) = skipped {
+                    self.path.push(Step::new(other, Outcome::Skipped, 0).reason(why.to_string()));
+                }
+                Stage::Rules
+            }
+        }
+    }
+
+    fn decide(&mut self, tier: TierName, v: &ModelVerdict, policy: &Policy) -> Decision {
+        let action = policy.actions.action_for(v.risk_score);
+        decision(tier, v.risk_score, Some(v.confidence), action, std::mem::take(&mut self.path))
+    }
+
+    /// The rules stage: never fails, never waits. A rule that errors is counted and logged.
+    fn rules(&mut self, x: &Inputs<'_>, start: &Start, signals: &BTreeMap<String, i64>, tiers: &Tiers<'_>) -> Decision {
+        if self.path.is_empty() {
+            // Neither model tier was tried: say why.
+            self.path.push(Step::new(TierName::Cpu, Outcome::Skipped, 0).reason(start.reason.clone()));
+        }
+        let t = Instant::now();
+        let verdict = x.policy.rules.evaluate(&RulesInput {
+            text: &x.req.text,
+            signals,
+            features: &x.req.features,
+            tenant: x.req.tenant.as_deref(),
+            model: self.model,
+        });
+        let us = t.elapsed().as_micros() as u64;
+        if let Some(m) = self.metrics {
+            for (rule, error) in &verdict.errors {
+                m.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
+                tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
+            }
+        }
+        tiers.observe(TierName::Rules, us);
+        let outcome = if verdict.rule.is_some() { Outcome::Matched } else { Outcome::Default };
+        let mut step = Step::new(TierName::Rules, outcome, us);
+        step.risk_score = Some(verdict.risk_score);
+        step.rule = verdict.rule.clone();
+        if verdict.rule.is_none() {
+            step.reason = Some("no rule matched; policy default applies".into());
+        }
+        self.path.push(step);
+        let mut d = decision(TierName::Rules, verdict.risk_score, None, verdict.action, std::mem::take(&mut self.path));
+        d.rule = verdict.rule;
+        d.signals = Some(verdict.signals);
+        d
+    }
+}
+
+/// A decision before [`super::Gateway`] stamps the request id, policy version, model and latency.
+fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Action, path: Vec<Step>) -> Decision {
+    Decision {
+        request_id: String::new(),
+        label: Label::from_risk_score(risk_score),
+        risk_score,
+        confidence,
+        action,
+        tier,
+        rule: None,
+        signals: None,
+        path,
+        policy_version: String::new(),
+        model: String::new(),
+        latency_us: 0,
+        explain: None,
+    }
+}

@@ -1,0 +1,171 @@
+//! The gateway's life: start (models, policies, samplers), policy reloads (file watches,
+//! SIGHUP, admin), and periodic housekeeping off the request path.
+
+use super::shadow::Shadow;
+use super::{Gateway, GatewayConfig, Sources};
+use crate::metrics::{Metrics, ReloadLabels};
+use crate::policy::{Policy, PolicyError, PolicyStore};
+use crate::signals::latency::LatencyTracker;
+use crate::signals::SignalsHub;
+use crate::tier::gpu::GpuTier;
+use crate::tier::onnx::OnnxPool;
+use crate::tier::GpuBackend;
+use governor::{Quota, RateLimiter};
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+impl Gateway {
+    /// Loads ONNX Runtime, the models and the policies, and starts the background samplers,
+    /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
+    /// start-up is fine there).
+    pub fn start(config: &GatewayConfig<'_>, sources: Sources) -> anyhow::Result<Arc<Gateway>> {
+        let policy = Policy::load_dir(&config.policies.dir)?;
+        let mut route_policies = BTreeMap::new();
+        for dir in config.route_policies.iter().filter(|d| **d != config.policies.dir) {
+            if !route_policies.contains_key(dir) {
+                let loaded =
+                    Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
+                route_policies.insert(dir.clone(), loaded);
+            }
+        }
+        if config.gpu.backend == GpuBackend::Upstream {
+            if let Some(p) = std::iter::once(&policy).chain(route_policies.values()).find(|p| p.prompt.is_none()) {
+                anyhow::bail!(
+                    "gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})",
+                    p.dir.display()
+                );
+            }
+        }
+        let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
+        let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
+        let gpu = GpuTier::start(env, config.gpu)?;
+        let admission = config.admission;
+        let tenants = NonZeroU32::new(admission.tenant_rps).map(|rps| {
+            let burst = NonZeroU32::new(admission.tenant_burst).unwrap_or(rps);
+            RateLimiter::keyed(Quota::per_second(rps).allow_burst(burst))
+        });
+        let signals = SignalsHub::new(config.signals);
+        signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
+        tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
+        let gateway = Arc::new(Gateway {
+            cpu,
+            cpu_latency: LatencyTracker::default(),
+            gpu,
+            policies: PolicyStore::new(policy),
+            route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
+            metrics: Metrics::new(),
+            signals,
+            tenants,
+            gpu_backend: config.gpu.backend,
+            watchers: Mutex::new(Vec::new()),
+            shadow: Shadow::start(config.shadow)?,
+        });
+        if config.policies.watch {
+            gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;
+        }
+        let every = Duration::from_millis(config.signals.cpu_interval_ms.max(10));
+        tokio::spawn(housekeeping(Arc::downgrade(&gateway), every));
+        Ok(gateway)
+    }
+
+    /// Watches the live, route and shadow policy directories; a change reloads that policy.
+    fn watch(self: &Arc<Self>, debounce: Duration) -> anyhow::Result<()> {
+        let poll = Duration::from_secs(1);
+        let mut dirs: Vec<(PathBuf, Box<dyn Fn(&Gateway) + Send + Sync>)> =
+            vec![(self.policies.dir().to_path_buf(), Box::new(|g| drop(g.reload_policy("file"))))];
+        for dir in self.route_policies.keys() {
+            let owned = dir.clone();
+            dirs.push((dir.clone(), Box::new(move |g| g.reload_route_policy(&owned, "file"))));
+        }
+        if let Some(shadow) = &self.shadow {
+            dirs.push((shadow.policies.dir().to_path_buf(), Box::new(|g| g.reload_shadow())));
+        }
+        for (dir, reload) in dirs {
+            let weak = Arc::downgrade(self);
+            let watcher = crate::policy::watch::watch(&dir, debounce, poll, move || {
+                if let Some(g) = weak.upgrade() {
+                    reload(&g);
+                }
+            })?;
+            self.watchers.lock().unwrap_or_else(|e| e.into_inner()).push(watcher);
+        }
+        Ok(())
+    }
+
+    /// Reloads the shadow candidate's directory, if there is one; logs the result.
+    fn reload_shadow(&self) {
+        if let Some(s) = &self.shadow {
+            match s.policies.reload() {
+                Ok(Some(version)) => tracing::info!(%version, "shadow policy reloaded"),
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "shadow policy refused; the last good one stays"),
+            }
+        }
+    }
+
+    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow candidate, the route
+    /// policies, then the live policy, whose result is returned.
+    pub fn reload_all(&self, trigger: &'static str) -> Result<Option<String>, PolicyError> {
+        self.reload_shadow();
+        for dir in self.route_policies.keys() {
+            self.reload_route_policy(dir, trigger);
+        }
+        self.reload_policy(trigger)
+    }
+
+    /// Reloads one route's policy directory; logs and counts the result like the live policy's.
+    fn reload_route_policy(&self, dir: &Path, trigger: &'static str) {
+        if let Some(store) = self.route_policies.get(dir) {
+            let _ = self.reload_store(store, trigger, "route policy");
+        }
+    }
+
+    /// Reloads the live policy directory (`trigger`: `file`, `sighup`, `admin`), logs and counts
+    /// the result. A refused policy changes nothing but the error report.
+    pub fn reload_policy(&self, trigger: &'static str) -> Result<Option<String>, PolicyError> {
+        self.reload_store(&self.policies, trigger, "policy")
+    }
+
+    fn reload_store(
+        &self,
+        store: &PolicyStore,
+        trigger: &'static str,
+        what: &'static str,
+    ) -> Result<Option<String>, PolicyError> {
+        let result = store.reload();
+        let dir = store.dir().display();
+        let outcome = match &result {
+            Ok(Some(version)) => {
+                tracing::info!(trigger, %dir, %version, "{what} reloaded");
+                "ok"
+            }
+            Ok(None) => "unchanged",
+            Err(e) => {
+                tracing::error!(trigger, %dir, error = %e, "{what} refused; the last good one keeps serving");
+                "refused"
+            }
+        };
+        self.metrics.policy_reloads.get_or_create(&ReloadLabels { trigger, result: outcome }).inc();
+        result
+    }
+}
+
+/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory.
+async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(g) = gateway.upgrade() else { return };
+        g.cpu_latency.refresh();
+        if let Some(gpu) = &g.gpu {
+            gpu.latency.refresh();
+        }
+        if let Some(t) = &g.tenants {
+            t.retain_recent();
+        }
+    }
+}

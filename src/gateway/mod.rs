@@ -1,0 +1,255 @@
+//! The gateway: one request through admission, complexity rating and the confidence cascade
+//! (cpu -> gpu -> rules, in the order routing picks), with a shadow policy on the side.
+//!
+//! A decision is always produced unless the policy says to shed: a tier that is unsure, out of
+//! its domain, overloaded, failing, circuit-broken or out of time hands over to the next stage,
+//! and the rules engine never fails. Every stage tried lands in `path` with its outcome and reason.
+//!
+//! Files by concern: this one (the orchestrator: admission, rating, snapshot, finishing),
+//! [`cascade`] (the stage loop), [`shadow`] (the candidate policy), `lifecycle` (start, reload,
+//! watchers, housekeeping), [`config`] (the gateway's config sections).
+
+pub mod cascade;
+mod config;
+mod lifecycle;
+pub mod shadow;
+
+pub use config::{AdmissionConfig, GatewayConfig, ShadowConfig};
+
+use crate::complexity;
+use crate::decision::{Decision, Explain, TierName};
+use crate::error::ApiError;
+use crate::metrics::{DecisionLabels, Metrics, StepLabels};
+use crate::policy::{Policy, PolicyStore};
+use crate::request::ClassifyRequest;
+use crate::select::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use crate::signals::cpu::{CpuSource, ProcStat};
+use crate::signals::gpu::{CudaDriver, GpuSource};
+use crate::signals::latency::LatencyTracker;
+use crate::signals::{Readings, SignalsHub};
+use crate::tier::breaker::CircuitState;
+use crate::tier::gpu::{Backend, GpuTier};
+use crate::tier::onnx::OnnxPool;
+use crate::tier::GpuBackend;
+use cascade::{Inputs, LiveTiers, Rating, Recorded, Tiers};
+use governor::DefaultKeyedRateLimiter;
+use shadow::Shadow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
+
+/// Where live readings come from. Tests replace them with doubles (a GPU on a CPU-only machine).
+pub struct Sources {
+    pub cpu: Arc<dyn CpuSource>,
+    pub gpu: Arc<dyn GpuSource>,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources { cpu: Arc::new(ProcStat::default()), gpu: Arc::new(CudaDriver::default()) }
+    }
+}
+
+pub struct Gateway {
+    pub cpu: OnnxPool,
+    pub cpu_latency: LatencyTracker,
+    pub gpu: Option<GpuTier>,
+    pub policies: PolicyStore,
+    /// Policies that proxy routes name (`[routes.screen] policy`), by directory; watched and
+    /// reloaded like the live one.
+    pub route_policies: BTreeMap<PathBuf, PolicyStore>,
+    pub metrics: Metrics,
+    pub signals: Arc<SignalsHub>,
+    tenants: Option<DefaultKeyedRateLimiter<String>>,
+    gpu_backend: GpuBackend,
+    /// Keeps the policy directory watches (live and shadow) alive.
+    watchers: Mutex<Vec<crate::policy::watch::Watch>>,
+    pub shadow: Option<Shadow>,
+}
+
+impl Gateway {
+    /// The policy a route names (its directory), or the live one for `None`.
+    pub fn policy_store(&self, dir: Option<&Path>) -> &PolicyStore {
+        dir.and_then(|d| self.route_policies.get(d)).unwrap_or(&self.policies)
+    }
+
+    /// One consistent view of load for routing, as of `now`.
+    pub fn snapshot(&self, now: Instant) -> SignalsSnapshot {
+        let Readings { cpu_utilization, gpu_devices, gpu_stale } = self.signals.readings(now);
+        let memory = match &gpu_devices {
+            Err(reason) => GpuMemory::NotPresent(reason.clone()),
+            Ok(_) if gpu_stale => GpuMemory::Unknown,
+            Ok(d) if d.is_empty() => GpuMemory::NotPresent("no CUDA device".into()),
+            Ok(d) => GpuMemory::FreeMb(d.iter().map(|d| d.free_bytes >> 20).min().unwrap_or(0)),
+        };
+        let utilization =
+            gpu_devices.as_ref().ok().and_then(|d| d.iter().filter_map(|d| d.utilization).reduce(f64::max));
+        let cpu = CpuSignals {
+            utilization: cpu_utilization,
+            queue_depth: self.cpu.queue_depth(),
+            in_flight: self.cpu.in_flight(),
+            p95_us: self.cpu_latency.p95_us(),
+        };
+        let gpu = match &self.gpu {
+            None => GpuSignals {
+                unavailable: Some(match &memory {
+                    GpuMemory::NotPresent(why) => format!("no gpu tier configured (gpu.backend = \"none\"); {why}"),
+                    _ => "no gpu tier configured (gpu.backend = \"none\")".into(),
+                }),
+                memory,
+                utilization,
+                in_flight: 0,
+                p95_us: None,
+                ewma_us: None,
+                circuit: CircuitState::Closed,
+                kv_cache_headroom: None,
+                endpoints_available: None,
+            },
+            Some(g) => {
+                let (kv_cache_headroom, endpoints_available) = match g.backend() {
+                    Backend::Upstream(pool) => (pool.kv_cache_headroom(), Some(pool.available())),
+                    Backend::Onnx(_) => (None, None),
+                };
+                GpuSignals {
+                    unavailable: None,
+                    memory,
+                    utilization,
+                    in_flight: g.in_flight(),
+                    p95_us: g.latency.p95_us(),
+                    ewma_us: g.latency.ewma_us(),
+                    circuit: g.circuit(now),
+                    kv_cache_headroom,
+                    endpoints_available,
+                }
+            }
+        };
+        SignalsSnapshot { cpu, gpu }
+    }
+
+    /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
+    /// and `Shed` (both model tiers saturated under `when_saturated = "shed"`). With a shadow
+    /// policy configured, a share of requests is also decided by the candidate, which never
+    /// changes the answer (see [`Gateway::compare`]).
+    pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
+        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false).await?;
+        Ok(decision)
+    }
+
+    /// [`Gateway::classify`] under the policy a proxy route names (`None`: the live policy).
+    /// The shadow candidate shadows the live policy only.
+    pub async fn classify_under(
+        &self,
+        policy: Option<&Path>,
+        req: ClassifyRequest,
+        request_id: String,
+    ) -> Result<Decision, ApiError> {
+        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false).await?;
+        Ok(decision)
+    }
+
+    /// Decides one request with the live policy and, when a shadow policy is configured, with
+    /// the candidate too (always, not by share); returns both. For `check-policy --against`.
+    pub async fn compare(
+        &self,
+        req: ClassifyRequest,
+        request_id: String,
+    ) -> Result<(Decision, Option<Decision>), ApiError> {
+        self.classify_and_shadow(&self.policies, req, request_id, true).await
+    }
+
+    async fn classify_and_shadow(
+        &self,
+        store: &PolicyStore,
+        req: ClassifyRequest,
+        request_id: String,
+        always_shadow: bool,
+    ) -> Result<(Decision, Option<Decision>), ApiError> {
+        let started = Instant::now();
+        let policy = store.snapshot();
+        self.admit(&req)?;
+        let snapshot = self.snapshot(started);
+        let recorded = Mutex::new(Recorded::default());
+        let tiers = Tiers::Live(LiveTiers {
+            cpu: &self.cpu,
+            gpu: self.gpu.as_ref(),
+            metrics: &self.metrics,
+            cpu_latency: &self.cpu_latency,
+            recorded: &recorded,
+        });
+        let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
+        let (decision, explain) = cascade::run(&inputs, self.rate(&policy, &req), &tiers).await?;
+        let decision = self.finish(decision, request_id, &policy, explain, started);
+        let shadow = match &self.shadow {
+            Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {
+                let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
+                s.decide(self, &req, &snapshot, &recorded, &decision).await
+            }
+            _ => None,
+        };
+        Ok((decision, shadow))
+    }
+
+    /// Tenant admission (GCRA per tenant, crate `governor`): `RateLimited` with `Retry-After`.
+    fn admit(&self, req: &ClassifyRequest) -> Result<(), ApiError> {
+        let Some(limiter) = &self.tenants else { return Ok(()) };
+        let key = req.tenant.clone().unwrap_or_default();
+        limiter.check_key(&key).map_err(|not_until| {
+            self.metrics.rate_limited.inc();
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            ApiError::RateLimited { tenant: key, retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64 }
+        })
+    }
+
+    /// Complexity of a request: cheap text statistics, tokens from the real tokenizer (kept for
+    /// the cpu tier), signal hits from the policy, and the number of request features.
+    fn rate(&self, policy: &Policy, req: &ClassifyRequest) -> Rating {
+        let spec = &policy.complexity;
+        let signals = policy.rules.count_signals(&req.text);
+        let tokens = self.cpu.tokens(&req.text, spec.tokens_full);
+        let mut stats = complexity::scan(&req.text);
+        stats.tokens = tokens.count;
+        stats.signal_hits = signals.values().sum::<i64>().max(0) as usize;
+        stats.features = req.features.len();
+        let complexity = complexity::rate(&stats, spec);
+        Rating { stats, complexity, signals, encoding: tokens.encoding }
+    }
+
+    /// Stamps the request id, policy version, model and latency; counts the decision.
+    fn finish(
+        &self,
+        mut d: Decision,
+        request_id: String,
+        policy: &Policy,
+        explain: Option<Explain>,
+        started: Instant,
+    ) -> Decision {
+        let elapsed = started.elapsed();
+        d.request_id = request_id;
+        d.policy_version = policy.version.clone();
+        d.model = match (d.tier, self.gpu.as_ref().and_then(|g| g.model_info())) {
+            (TierName::Gpu, Some(info)) => info.name.clone(),
+            (TierName::Gpu, None) => {
+                d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into())
+            }
+            _ => self.cpu.info().name.clone(),
+        };
+        d.explain = explain;
+        d.latency_us = elapsed.as_micros() as u64;
+        let m = &self.metrics;
+        m.decision_latency.observe(elapsed.as_secs_f64());
+        m.decisions.get_or_create(&DecisionLabels { tier: d.tier.as_str(), action: d.action.as_str() }).inc();
+        for step in &d.path {
+            m.steps.get_or_create(&StepLabels { tier: step.tier.as_str(), outcome: step.outcome.as_str() }).inc();
+        }
+        d
+    }
+
+    /// The configured gpu backend (for `/readyz`).
+    pub fn gpu_backend(&self) -> GpuBackend {
+        self.gpu_backend
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+//! A candidate policy decided beside the live one (`[shadow]` in config), from the tier verdicts
+//! the live run obtained, so shadowing never calls a model and never changes an answer.
+//! Disagreements are counted by kind and logged with both decisions.
+
+use super::cascade::{self, Inputs, Recorded, Tiers};
+use super::{Gateway, ShadowConfig};
+use crate::decision::Decision;
+use crate::metrics::KindLabels;
+use crate::policy::{Policy, PolicyStore};
+use crate::request::ClassifyRequest;
+use crate::select::SignalsSnapshot;
+use tokio::time::Instant;
+
+pub struct Shadow {
+    pub policies: PolicyStore,
+    /// Share of requests evaluated, [0, 1].
+    pub share: f64,
+    /// Disagreements go to this writer task as JSON lines.
+    log: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+}
+
+impl Shadow {
+    /// Loads the candidate policy and starts the disagreement log writer (in a tokio runtime).
+    pub(super) fn start(config: &ShadowConfig) -> anyhow::Result<Option<Shadow>> {
+        let Some(dir) = &config.dir else { return Ok(None) };
+        let policy = Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("shadow policy: {e}"))?;
+        tracing::info!(version = %policy.version, share = config.share, "shadow policy loaded");
+        let policies = PolicyStore::new(policy);
+        let log = config.log.as_ref().map(|path| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let path = path.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
+                    Ok(f) => f,
+                    Err(e) => return tracing::error!(path = %path.display(), error = %e, "cannot open the shadow log"),
+                };
+                while let Some(line) = rx.recv().await {
+                    if let Err(e) = file.write_all(format!("{line}\n").as_bytes()).await {
+                        tracing::error!(error = %e, "writing the shadow log");
+                    }
+                }
+            });
+            tx
+        });
+        Ok(Some(Shadow { policies, share: config.share, log }))
+    }
+
+    /// Whether this request is one of the shadowed share.
+    pub(super) fn sampled(&self) -> bool {
+        fastrand::f64() < self.share
+    }
+
+    /// The candidate's decision on the same request, from the live run's tier verdicts (a tier
+    /// the live run did not call counts as unavailable).
+    pub(super) async fn decide(
+        &self,
+        g: &Gateway,
+        req: &ClassifyRequest,
+        snapshot: &SignalsSnapshot,
+        recorded: &Recorded,
+        live: &Decision,
+    ) -> Option<Decision> {
+        let policy = self.policies.snapshot();
+        let inputs = Inputs { policy: &policy, req, snapshot, started: Instant::now() };
+        let (mut candidate, _) = cascade::run(&inputs, g.rate(&policy, req), &Tiers::Replay(recorded)).await.ok()?;
+        candidate.request_id = live.request_id.clone();
+        candidate.policy_version = policy.version.clone();
+        g.metrics.shadow_evaluations.inc();
+        let kinds: Vec<&'static str> = [
+            ("label", live.label != candidate.label),
+            ("action", live.action != candidate.action),
+            ("tier", live.tier != candidate.tier),
+        ]
+        .into_iter()
+        .filter_map(|(kind, differs)| differs.then_some(kind))
+        .collect();
+        for kind in &kinds {
+            g.metrics.shadow_disagreements.get_or_create(&KindLabels { kind }).inc();
+        }
+        if let (false, Some(log)) = (kinds.is_empty(), &self.log) {
+            let line = serde_json::json!({
+                "request_id": live.request_id,
+                "disagree": kinds,
+                "live": {"policy_version": live.policy_version, "label": live.label, "action": live.action,
+                         "tier": live.tier, "rule": live.rule, "risk_score": live.risk_score},
+                "candidate": {"policy_version": candidate.policy_version, "label": candidate.label, "action": candidate.action,
+                              "tier": candidate.tier, "rule": candidate.rule, "risk_score": candidate.risk_score,
+                              "path": candidate.path},
+            });
+            let _ = log.send(line.to_string());
+        }
+        Some(candidate)
+    }
+}

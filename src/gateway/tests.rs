@@ -1,0 +1,183 @@
+//! The cascade loop from replayed tier verdicts: no model, no server, no clock tricks.
+
+use super::cascade::{self, Inputs, Rating, Recorded, Tiers};
+use crate::action::Action;
+use crate::complexity::{Complexity, TextStats};
+use crate::decision::{Decision, Outcome, TierName};
+use crate::error::ApiError;
+use crate::policy::Policy;
+use crate::request::ClassifyRequest;
+use crate::select::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use crate::tier::breaker::CircuitState;
+use crate::tier::{ModelVerdict, TierError};
+use crate::web::ServerConfig;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn policy(extra: &str) -> Policy {
+    let text = format!(
+        r#"
+        [actions]
+        review_at = 0.3
+        block_at = 0.8
+        [cascade]
+        escalate_below = 0.9
+        accept_below = 0.7
+        ood_above = 0.95
+        [default]
+        action = "review"
+        score = 0.4
+        [signals.credential]
+        patterns = ["(?i)password"]
+        [[rules]]
+        name = "credential_request"
+        when = "signals.credential > 0"
+        action = "block"
+        score = 0.9
+        {extra}
+        "#
+    );
+    Policy::from_sources(Path::new("p"), &[(PathBuf::from("p/routing.toml"), text)]).unwrap()
+}
+
+/// Load as routing sees it; `gpu`: whether a gpu tier exists.
+fn snapshot(gpu: bool) -> SignalsSnapshot {
+    SignalsSnapshot {
+        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, p95_us: None },
+        gpu: GpuSignals {
+            unavailable: (!gpu).then(|| "no gpu tier configured".to_string()),
+            memory: GpuMemory::FreeMb(40_000),
+            utilization: None,
+            in_flight: 0,
+            p95_us: None,
+            ewma_us: None,
+            circuit: CircuitState::Closed,
+            kv_cache_headroom: None,
+            endpoints_available: None,
+        },
+    }
+}
+
+fn verdict(risk_score: f64, ood: f64) -> ModelVerdict {
+    ModelVerdict {
+        risk_score,
+        confidence: risk_score.max(1.0 - risk_score),
+        ood_score: Some(ood),
+        tokens: Some(12),
+        queue_us: 0,
+        infer_us: 0,
+        batch_size: 1,
+        endpoint: None,
+    }
+}
+
+async fn decide(
+    policy: &Policy,
+    text: &str,
+    gpu: bool,
+    cpu: Option<Result<ModelVerdict, TierError>>,
+    gpu_answer: Option<Result<ModelVerdict, TierError>>,
+) -> Result<Decision, ApiError> {
+    let req = ClassifyRequest::new(
+        text.into(),
+        Default::default(),
+        None,
+        Duration::from_millis(200),
+        &ServerConfig::default(),
+    )
+    .unwrap();
+    let snapshot = snapshot(gpu);
+    let rating = Rating {
+        stats: TextStats::default(),
+        complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
+        signals: policy.rules.count_signals(text),
+        encoding: None,
+    };
+    let recorded = Recorded { cpu, gpu: gpu_answer };
+    let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
+    cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
+}
+
+fn path(d: &Decision) -> Vec<(TierName, Outcome)> {
+    d.path.iter().map(|s| (s.tier, s.outcome)).collect()
+}
+
+#[tokio::test]
+async fn a_confident_cpu_verdict_stands() {
+    let d = decide(&policy(""), "lunch at 1?", false, Some(Ok(verdict(0.02, 0.5))), None).await.unwrap();
+    assert_eq!((d.tier, d.action, d.confidence), (TierName::Cpu, Action::Allow, Some(0.98)));
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::Accepted)]);
+}
+
+#[tokio::test]
+async fn an_unsure_cpu_verdict_escalates_and_the_gpu_verdict_stands() {
+    let d = decide(&policy(""), "hmm", true, Some(Ok(verdict(0.2, 0.5))), Some(Ok(verdict(0.97, 0.5)))).await.unwrap();
+    assert_eq!((d.tier, d.action), (TierName::Gpu, Action::Block));
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::LowConfidence), (TierName::Gpu, Outcome::Accepted)]);
+}
+
+#[tokio::test]
+async fn a_failed_escalation_keeps_a_cpu_verdict_that_stands_alone() {
+    let timeout = Err(TierError::DeadlineExceeded { waited_us: 5 });
+    let d = decide(&policy(""), "hmm", true, Some(Ok(verdict(0.2, 0.5))), Some(timeout.clone())).await.unwrap();
+    assert_eq!(d.tier, TierName::Cpu, "0.8 confidence is above accept_below 0.7");
+    let want = [
+        (TierName::Cpu, Outcome::LowConfidence),
+        (TierName::Gpu, Outcome::Timeout),
+        (TierName::Cpu, Outcome::Accepted),
+    ];
+    assert_eq!(path(&d), want);
+    // Below accept_below, the failed escalation leaves the decision to rules.
+    let d = decide(&policy(""), "hmm", true, Some(Ok(verdict(0.35, 0.5))), Some(timeout)).await.unwrap();
+    assert_eq!((d.tier, d.action), (TierName::Rules, Action::Review));
+}
+
+#[tokio::test]
+async fn a_failed_cpu_tier_hands_over_to_an_eligible_gpu_tier_else_rules() {
+    let shed = Err(TierError::Overloaded { capacity: 4 });
+    let d = decide(&policy(""), "hmm", true, Some(shed.clone()), Some(Ok(verdict(0.01, 0.5)))).await.unwrap();
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::Shed), (TierName::Gpu, Outcome::Accepted)]);
+    let d = decide(&policy(""), "your password please", false, Some(shed), None).await.unwrap();
+    assert_eq!(
+        path(&d),
+        [(TierName::Cpu, Outcome::Shed), (TierName::Gpu, Outcome::Skipped), (TierName::Rules, Outcome::Matched)]
+    );
+    assert_eq!((d.action, d.rule.as_deref()), (Action::Block, Some("credential_request")));
+}
+
+#[tokio::test]
+async fn out_of_distribution_text_goes_to_rules_and_the_path_says_why() {
+    let d = decide(&policy(""), "hola, comemos?", false, Some(Ok(verdict(0.01, 0.99))), None).await.unwrap();
+    assert_eq!(
+        path(&d),
+        [
+            (TierName::Cpu, Outcome::OutOfDistribution),
+            (TierName::Gpu, Outcome::Skipped),
+            (TierName::Rules, Outcome::Default)
+        ]
+    );
+    assert_eq!(d.action, Action::Review, "the policy default");
+    assert!(d.path[1].reason.as_deref().unwrap().starts_with("unavailable: no gpu tier configured"));
+}
+
+#[tokio::test]
+async fn saturated_tiers_shed_when_the_policy_says_so() {
+    let p = policy("[cpu]\nmax_queue_depth = 0\n[routing]\nwhen_saturated = \"shed\"\n");
+    let mut busy = snapshot(false);
+    busy.cpu.queue_depth = 1;
+    let req =
+        ClassifyRequest::new("x".into(), Default::default(), None, Duration::from_millis(50), &ServerConfig::default())
+            .unwrap();
+    let rating = Rating {
+        stats: TextStats::default(),
+        complexity: Complexity { score: 0.1, contributions: BTreeMap::new() },
+        signals: BTreeMap::new(),
+        encoding: None,
+    };
+    let recorded = Recorded::default();
+    let inputs = Inputs { policy: &p, req: &req, snapshot: &busy, started: Instant::now() };
+    let result = cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await;
+    assert!(matches!(result, Err(ApiError::Shed { retry_after_s: 1, .. })), "{result:?}");
+}

@@ -1,0 +1,196 @@
+//! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
+//! `/metrics`, and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
+//! `Result`; the server turns errors into responses.
+
+use super::server::{App, Role};
+use crate::error::{json_response, ApiError};
+use crate::request::{self, ClassifyRequest};
+use crate::tier::breaker::CircuitState;
+use crate::tier::gpu::Backend;
+use crate::web::{self, headers};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::json;
+use std::sync::Arc;
+
+/// tiergate's own endpoints on the listener's role.
+pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    if let Role::Admin { token, .. } = &app.role {
+        // Probes and scrapes need no token: they change nothing and kubelet/Prometheus carry none.
+        match (path.as_str(), &method) {
+            ("/healthz", &Method::GET | &Method::HEAD) => {
+                return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+            }
+            ("/readyz", &Method::GET | &Method::HEAD) => return Ok(readyz(app)),
+            ("/metrics", &Method::GET) => return Ok(metrics(app)),
+            _ => {}
+        }
+        authorize(req.headers(), token.as_deref())?;
+        return admin(app, &path, &method).await;
+    }
+    match (path.as_str(), &method) {
+        ("/v1/classify", &Method::POST) => classify(app, req).await,
+        ("/healthz", &Method::GET | &Method::HEAD) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        ("/readyz", &Method::GET | &Method::HEAD) => Ok(readyz(app)),
+        ("/metrics", &Method::GET) => Ok(metrics(app)),
+        ("/v1/classify", _) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "POST" }),
+        ("/healthz" | "/readyz" | "/metrics", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "GET, HEAD" })
+        }
+        _ => Err(ApiError::NotFound { path }),
+    }
+}
+
+async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
+    let (parts, body) = req.into_parts();
+    web::require_json(&parts.headers)?;
+    let bytes = web::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
+    let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.limits)?;
+    request.explain = request::explain_flag(parts.uri.query())?;
+    let request_id =
+        parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let decision = app.gateway.classify(request, request_id).await?;
+    Ok(json_response(StatusCode::OK, &decision))
+}
+
+/// Checks the bearer token when one is set.
+fn authorize(headers: &http::HeaderMap, token: Option<&str>) -> Result<(), ApiError> {
+    if let Some(token) = token {
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), format!("Bearer {token}").as_bytes()) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    Ok(())
+}
+
+async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<Bytes>>, ApiError> {
+    let g = &app.gateway;
+    match (path, method) {
+        ("/admin/policy", &Method::GET) => {
+            let mut status = json!(g.policies.status());
+            if let Some(shadow) = &g.shadow {
+                status["shadow"] = json!({"share": shadow.share, "status": shadow.policies.status()});
+            }
+            if !g.route_policies.is_empty() {
+                status["route_policies"] = g.route_policies.values().map(|p| json!(p.status())).collect();
+            }
+            Ok(json_response(StatusCode::OK, &status))
+        }
+        // Reading files and compiling rules is blocking work: keep it off the async workers.
+        ("/admin/reload", &Method::POST) => match tokio::task::spawn_blocking({
+            let g = Arc::clone(g);
+            move || g.reload_all("admin")
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("reload task: {e}")))?
+        {
+            Ok(changed) => Ok(json_response(
+                StatusCode::OK,
+                &json!({
+                    "status": if changed.is_some() { "reloaded" } else { "unchanged" },
+                    "version": g.policies.snapshot().version,
+                }),
+            )),
+            Err(e) => Err(ApiError::PolicyInvalid { problems: e.0.iter().map(|p| p.to_string()).collect() }),
+        },
+        ("/admin/policy", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path: path.into(), allowed: "GET" })
+        }
+        ("/admin/reload", _) => {
+            Err(ApiError::MethodNotAllowed { method: method.to_string(), path: path.into(), allowed: "POST" })
+        }
+        _ => Err(ApiError::NotFound { path: path.into() }),
+    }
+}
+
+/// Compares secrets without an early exit that would leak how many leading bytes match.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn readyz(app: &App) -> Response<Full<Bytes>> {
+    let g = &app.gateway;
+    let policy = g.policies.snapshot();
+    let cpu_ready = g.cpu.workers_alive() > 0;
+    let now = tokio::time::Instant::now();
+    let snapshot = g.snapshot(now);
+    let readings = g.signals.readings(now);
+    let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
+        (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),
+        (Some(tier), _) => {
+            let mut v = json!({
+                "status": if tier.circuit(now) == CircuitState::Open { "circuit_open" } else { "ready" },
+                "backend": g.gpu_backend(),
+                "circuit": tier.circuit(now),
+                "in_flight": tier.in_flight(),
+            });
+            match tier.backend() {
+                Backend::Onnx(pool) => v["model"] = json!(pool.info()),
+                Backend::Upstream(pool) => v["endpoints"] = json!(pool.endpoints()),
+            }
+            v
+        }
+    };
+    let mut body = json!({
+        "status": if cpu_ready { "ready" } else { "not_ready" },
+        "policy_version": policy.version,
+        "model": g.cpu.info(),
+        "tiers": {
+            "cpu": {
+                "status": if cpu_ready { "ready" } else { "down" },
+                "workers": g.cpu.workers_alive(),
+                "queue_depth": g.cpu.queue_depth(),
+            },
+            "gpu": gpu,
+            "rules": {"status": "ready", "rules": policy.rules.rule_count()},
+        },
+        "devices": match &readings.gpu_devices {
+            Ok(d) if readings.gpu_stale => json!({"status": "unknown", "reason": "no fresh GPU reading yet"}),
+            Ok(d) => json!({"status": "present", "gpus": d}),
+            Err(reason) => json!({"status": "absent", "reason": reason}),
+        },
+        "signals": snapshot,
+    });
+    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
+        body["routes"] = proxy.status();
+    }
+    json_response(if cpu_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
+}
+
+fn metrics(app: &App) -> Response<Full<Bytes>> {
+    let g = &app.gateway;
+    let m = &g.metrics;
+    let now = tokio::time::Instant::now();
+    let s = g.snapshot(now);
+    m.cpu_queue_depth.set(s.cpu.queue_depth as i64);
+    m.cpu_in_flight.set(s.cpu.in_flight as i64);
+    if let Some(u) = s.cpu.utilization {
+        m.cpu_utilization.set(u);
+    }
+    m.gpu_in_flight.set(s.gpu.in_flight as i64);
+    m.gpu_circuit_open.set((s.gpu.circuit == CircuitState::Open) as i64);
+    if let Ok(devices) = g.signals.readings(now).gpu_devices {
+        for d in devices {
+            let device = crate::metrics::DeviceLabels { device: d.ordinal as u32 };
+            m.gpu_free_bytes.get_or_create(&device).set(d.free_bytes as i64);
+            m.gpu_total_bytes.get_or_create(&device).set(d.total_bytes as i64);
+            if let Some(u) = d.utilization {
+                m.gpu_utilization.get_or_create(&device).set(u);
+            }
+        }
+    }
+    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
+        proxy.export(m);
+    }
+    let mut response = Response::new(Full::new(Bytes::from(g.metrics.encode())));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}

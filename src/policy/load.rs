@@ -1,0 +1,208 @@
+//! From policy files to a [`Policy`]: parsing each file, merging sections across files, checking
+//! ranges and required sections, compiling the rules.
+
+use super::sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing};
+use super::{Policy, PolicyError, PolicyProblem, PromptSpec};
+use crate::complexity::ComplexitySpec;
+use crate::rules::{self, DefaultVerdict, RuleSpec, SignalSpec, SpecRef};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One policy file. Every section is optional in a file; across a policy directory,
+/// `[actions]`, `[cascade]` and `[default]` must each be defined once.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "tiergate policy file")]
+pub(super) struct PolicyFile {
+    actions: Option<ActionThresholds>,
+    cascade: Option<Cascade>,
+    default: Option<DefaultVerdict>,
+    routing: Option<Routing>,
+    complexity: Option<ComplexitySpec>,
+    cpu: Option<CpuLimits>,
+    gpu: Option<GpuLimits>,
+    prompt: Option<PromptSpec>,
+    #[serde(default)]
+    #[schemars(with = "BTreeMap<String, SignalSpec>")]
+    signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
+    #[serde(default)]
+    #[schemars(with = "Vec<RuleSpec>")]
+    rules: Vec<toml::Spanned<RuleSpec>>,
+}
+
+/// Sections gathered from all files, each remembering the file that defined it.
+#[derive(Default)]
+pub(super) struct Merged {
+    actions: Option<(PathBuf, ActionThresholds)>,
+    cascade: Option<(PathBuf, Cascade)>,
+    default: Option<(PathBuf, DefaultVerdict)>,
+    routing: Option<(PathBuf, Routing)>,
+    complexity: Option<(PathBuf, ComplexitySpec)>,
+    cpu: Option<(PathBuf, CpuLimits)>,
+    gpu: Option<(PathBuf, GpuLimits)>,
+    prompt: Option<(PathBuf, PromptSpec)>,
+    signals: Vec<(PathBuf, usize, String, SignalSpec)>,
+    rules: Vec<(PathBuf, usize, RuleSpec)>,
+}
+
+impl Merged {
+    pub(super) fn add(&mut self, path: &Path, text: &str, file: PolicyFile, problems: &mut Vec<PolicyProblem>) {
+        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+        fn section<T>(
+            slot: &mut Option<(PathBuf, T)>,
+            path: &Path,
+            name: &str,
+            value: Option<T>,
+            problems: &mut Vec<PolicyProblem>,
+        ) {
+            let Some(value) = value else { return };
+            if let Some((first, _)) = slot {
+                problems.push(PolicyProblem {
+                    line: None,
+                    file: path.to_path_buf(),
+                    item: Some(format!("[{name}]")),
+                    message: format!("already defined in {}", first.display()),
+                });
+            } else {
+                *slot = Some((path.to_path_buf(), value));
+            }
+        }
+        section(&mut self.actions, path, "actions", file.actions, problems);
+        section(&mut self.cascade, path, "cascade", file.cascade, problems);
+        section(&mut self.default, path, "default", file.default, problems);
+        section(&mut self.routing, path, "routing", file.routing, problems);
+        section(&mut self.complexity, path, "complexity", file.complexity, problems);
+        section(&mut self.cpu, path, "cpu", file.cpu, problems);
+        section(&mut self.gpu, path, "gpu", file.gpu, problems);
+        section(&mut self.prompt, path, "prompt", file.prompt, problems);
+        for (name, spec) in file.signals {
+            let line = line_of(spec.span().start);
+            let spec = spec.into_inner();
+            if let Some((first, _, _, _)) = self.signals.iter().find(|(_, _, n, _)| *n == name) {
+                problems.push(PolicyProblem {
+                    line: None,
+                    file: path.to_path_buf(),
+                    item: Some(format!("signal `{name}`")),
+                    message: format!("already defined in {}", first.display()),
+                });
+            } else {
+                self.signals.push((path.to_path_buf(), line, name, spec));
+            }
+        }
+        self.rules
+            .extend(file.rules.into_iter().map(|r| (path.to_path_buf(), line_of(r.span().start), r.into_inner())));
+    }
+}
+
+impl Merged {
+    /// Pushes a problem for every required section missing (unless a file failed to parse),
+    /// every value out of range and every inconsistent pair, in section order.
+    pub(super) fn check(&self, dir: &Path, parse_failed: bool, problems: &mut Vec<PolicyProblem>) {
+        let required = [
+            ("[actions]", self.actions.is_none()),
+            ("[cascade]", self.cascade.is_none()),
+            ("[default]", self.default.is_none()),
+        ];
+        for (what, missing) in required {
+            if missing && !parse_failed {
+                problems.push(PolicyProblem::in_file(dir, None, format!("no file defines {what}")));
+            }
+        }
+        let at = |file: &Path, item: &str, message: String| PolicyProblem::in_file(file, Some(item.into()), message);
+        if let Some((file, a)) = &self.actions {
+            check_unit(file, "actions.review_at", a.review_at, problems);
+            check_unit(file, "actions.block_at", a.block_at, problems);
+            if a.review_at > a.block_at {
+                problems.push(at(
+                    file,
+                    "actions",
+                    format!("review_at ({}) must not exceed block_at ({})", a.review_at, a.block_at),
+                ));
+            }
+        }
+        if let Some((file, c)) = &self.cascade {
+            check_unit(file, "cascade.accept_below", c.accept_below, problems);
+            check_unit(file, "cascade.ood_above", c.ood_above, problems);
+            if let Some(e) = c.escalate_below {
+                check_unit(file, "cascade.escalate_below", e, problems);
+                if c.accept_below > e {
+                    problems.push(at(
+                        file,
+                        "cascade",
+                        format!("accept_below ({}) must not exceed escalate_below ({e})", c.accept_below),
+                    ));
+                }
+            }
+        }
+        if let Some((file, r)) = &self.routing {
+            check_unit(file, "routing.cpu_max_complexity", r.cpu_max_complexity, problems);
+            check_unit(file, "routing.gpu_min_complexity", r.gpu_min_complexity, problems);
+        }
+        if let Some((file, c)) = &self.complexity {
+            problems.extend(c.problems().into_iter().map(|m| at(file, "complexity", m)));
+        }
+        if let Some((file, c)) = &self.cpu {
+            check_unit(file, "cpu.max_utilization", c.max_utilization, problems);
+        }
+        if let Some((file, g)) = &self.gpu {
+            check_unit(file, "gpu.min_kv_cache_headroom", g.min_kv_cache_headroom, problems);
+        }
+        if let Some((file, Err(message))) = self.prompt.as_ref().map(|(f, p)| (f, p.validate())) {
+            problems.push(at(file, "prompt", message));
+        }
+        if let Some((file, d)) = &self.default {
+            check_unit(file, "default.score", d.score, problems);
+        }
+    }
+
+    /// Compiles the rules and assembles the policy, or returns every problem found.
+    pub(super) fn build(
+        self,
+        version: String,
+        dir: &Path,
+        mut problems: Vec<PolicyProblem>,
+    ) -> Result<Policy, PolicyError> {
+        let locate = |at: SpecRef| match at {
+            SpecRef::Signal(i) => (&self.signals[i].0, self.signals[i].1),
+            SpecRef::Rule(i) => (&self.rules[i].0, self.rules[i].1),
+        };
+        let signals = self.signals.iter().map(|(_, _, name, spec)| (name.clone(), spec.clone())).collect();
+        let specs = self.rules.iter().map(|(_, _, spec)| spec.clone()).collect();
+        let (rules, rule_problems) = rules::compile(signals, specs, self.default.as_ref().map(|(_, d)| d.clone()));
+        problems.extend(rule_problems.into_iter().map(|p| {
+            let (file, line) = locate(p.at);
+            PolicyProblem { file: file.clone(), line: Some(line), item: Some(p.item), message: p.message }
+        }));
+        match (problems.is_empty(), self.actions, self.cascade, rules) {
+            (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => Ok(Policy {
+                version,
+                dir: dir.to_path_buf(),
+                actions,
+                cascade,
+                routing: self.routing.map(|(_, r)| r).unwrap_or_default(),
+                complexity: self.complexity.map(|(_, c)| c).unwrap_or_default(),
+                cpu: self.cpu.map(|(_, c)| c).unwrap_or_default(),
+                gpu: self.gpu.map(|(_, g)| g).unwrap_or_default(),
+                prompt: self.prompt.map(|(_, p)| p),
+                rules,
+            }),
+            _ => Err(PolicyError(problems)),
+        }
+    }
+}
+
+fn check_unit(file: &Path, name: &str, value: f64, problems: &mut Vec<PolicyProblem>) {
+    if !(0.0..=1.0).contains(&value) {
+        problems.push(PolicyProblem {
+            line: None,
+            file: file.to_path_buf(),
+            item: Some(name.into()),
+            message: format!("must be in [0, 1], got {value}"),
+        });
+    }
+}
+
+pub(super) fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

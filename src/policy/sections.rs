@@ -1,0 +1,128 @@
+//! The routing sections of a policy file: `[actions]`, `[cascade]`, `[routing]`, `[cpu]`, `[gpu]`.
+
+use crate::action::Action;
+use serde::Deserialize;
+
+/// `[actions]`: map a calibrated risk score to an action.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActionThresholds {
+    /// `risk_score >= review_at` gives at least `review`.
+    pub review_at: f64,
+    /// `risk_score >= block_at` gives `block`.
+    pub block_at: f64,
+}
+
+impl ActionThresholds {
+    pub fn action_for(&self, risk_score: f64) -> Action {
+        if risk_score >= self.block_at {
+            Action::Block
+        } else if risk_score >= self.review_at {
+            Action::Review
+        } else {
+            Action::Allow
+        }
+    }
+}
+
+/// `[cascade]`: when a model verdict stands, escalates, or hands over to rules.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Cascade {
+    /// A cpu verdict with calibrated confidence below this escalates to the gpu tier when it
+    /// is eligible. Defaults to `accept_below` (no band where escalation is tried but the cpu
+    /// verdict would still stand).
+    #[serde(default)]
+    pub escalate_below: Option<f64>,
+    /// A final model verdict with calibrated confidence below this goes to rules.
+    pub accept_below: f64,
+    /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its
+    /// confidence: it escalates to the gpu tier when eligible, else goes to rules.
+    pub ood_above: f64,
+}
+
+impl Cascade {
+    pub fn escalate_below(&self) -> f64 {
+        self.escalate_below.unwrap_or(self.accept_below)
+    }
+}
+
+/// What to do when neither model tier can take a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenSaturated {
+    /// Rules decide (the decision records why).
+    Rules,
+    /// Answer 503 with `Retry-After`.
+    Shed,
+}
+
+/// How a signal that is unknown (never sampled, or older than its staleness limit) counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownSignal {
+    /// As if within limits (fail open).
+    Eligible,
+    /// As if over limits (fail closed).
+    Ineligible,
+}
+
+/// `[routing]`: which tier a request starts on.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Routing {
+    /// Complexity above this starts on the gpu tier when it is eligible.
+    pub cpu_max_complexity: f64,
+    /// Escalation to the gpu tier needs at least this complexity (0: any request may escalate).
+    pub gpu_min_complexity: f64,
+    pub when_saturated: WhenSaturated,
+    /// `Retry-After` seconds when shedding.
+    pub retry_after_s: u64,
+    pub unknown_signals: UnknownSignal,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Routing {
+            cpu_max_complexity: 0.7,
+            gpu_min_complexity: 0.0,
+            when_saturated: WhenSaturated::Rules,
+            retry_after_s: 1,
+            unknown_signals: UnknownSignal::Eligible,
+        }
+    }
+}
+
+/// `[cpu]`: when the cpu tier is too loaded to take a request.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CpuLimits {
+    /// Machine CPU utilisation (EWMA, [0, 1]) above which the cpu tier is not eligible.
+    pub max_utilization: f64,
+    /// Requests waiting for a cpu worker above which the cpu tier is not eligible.
+    pub max_queue_depth: usize,
+}
+
+impl Default for CpuLimits {
+    fn default() -> Self {
+        CpuLimits { max_utilization: 1.0, max_queue_depth: 128 }
+    }
+}
+
+/// `[gpu]`: when the gpu tier may take a request.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuLimits {
+    /// Free GPU memory (MiB) below which the gpu tier is not eligible (in-process backend).
+    pub min_free_memory_mb: u64,
+    /// Requests in flight on the gpu tier at or above which it admits no more (routes down).
+    pub max_in_flight: usize,
+    /// KV-cache headroom ([0, 1], upstream servers exposing metrics) below which the gpu tier is not eligible.
+    pub min_kv_cache_headroom: f64,
+}
+
+impl Default for GpuLimits {
+    fn default() -> Self {
+        GpuLimits { min_free_memory_mb: 1024, max_in_flight: 16, min_kv_cache_headroom: 0.05 }
+    }
+}

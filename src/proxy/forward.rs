@@ -1,0 +1,328 @@
+//! Forwarding phase: the request to one of the route's app addresses (P2C over peak EWMA,
+//! connect failures of replayable idempotent requests retried on another), timeouts on the
+//! response head (from the end of the upload) and on idle bodies, and the response back.
+//! Failures are `ApiError`s (502, 504, or the client's own 400), never the app's details.
+
+use super::headers::{append_via, prepare_request_headers, request_host_header, strip_hop_by_hop};
+use super::route::{AppAddr, HostHeader, Route};
+use super::screen::Outgoing;
+use super::{count, guard, Proxy, Screening};
+use crate::error::{error_chain, ApiError};
+use crate::gateway::Gateway;
+use crate::metrics::RouteLabels;
+use crate::web::{empty, full, headers, BoxBody, BoxError, IdleTimeout};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, Uri, Version};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How one attempt at the app ended.
+enum Attempt {
+    Answered(Response<Incoming>),
+    /// The client's own body failed (not the app's fault).
+    ClientFailed(String),
+    /// The app could not be reached or broke the exchange.
+    Failed(hyper_util::client::legacy::Error),
+    /// No response head within the route's timeout after the upload.
+    TimedOut,
+}
+
+impl Proxy {
+    /// Forwards a request (already screened, when the route screens) to the route's app.
+    pub(super) async fn forward(
+        &self,
+        gateway: &Gateway,
+        route: &Route,
+        mut parts: http::request::Parts,
+        body: Outgoing<Incoming>,
+        screened: Option<&Screening>,
+    ) -> Result<Response<BoxBody>, ApiError> {
+        let original_host = self.prepare_request(route, &mut parts, screened);
+        // A body we hold whole can be sent again; a streamed one only once.
+        let replayable = match &body {
+            Outgoing::Bytes(b) => Some(b.clone()),
+            Outgoing::Stream(b) if http_body::Body::is_end_stream(b) => Some(Bytes::new()),
+            _ => None,
+        };
+        let idempotent = matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+        );
+        let mut body = Some(outgoing_body(body));
+        let (mut tried, mut attempt) = (None, 0);
+        loop {
+            let pick = route.balancer.pick(tried).map_err(|e| {
+                count(gateway, &route.name, "upstream_error");
+                ApiError::BadGateway { route: route.name.clone(), reason: e.to_string() }
+            })?;
+            tried = Some(pick.index);
+            let app = &route.apps[pick.index];
+            let body = body.take().unwrap_or_else(|| replayable.clone().map(full).unwrap_or_else(empty));
+            let request = app_request(route, &parts, app, original_host.clone(), body);
+            let sent = Instant::now();
+            match self.attempt(route, request).await {
+                Attempt::Answered(response) => {
+                    let status = response.status();
+                    let labels = RouteLabels { route: route.name.clone(), outcome: status_class(status) };
+                    gateway.metrics.proxy_upstream_latency.get_or_create(&labels).observe(sent.elapsed().as_secs_f64());
+                    // The app answering 502-504 is the app (or what is behind it) failing.
+                    pick.record(!matches!(status.as_u16(), 502..=504));
+                    let forwarded =
+                        if matches!(screened, Some(Screening::Failed(_))) { "unscreened" } else { "forwarded" };
+                    count(gateway, &route.name, forwarded);
+                    let head = parts.method == Method::HEAD;
+                    return Ok(self.prepare_response(gateway, route, response, screened, head));
+                }
+                Attempt::ClientFailed(reason) => {
+                    // Not the app's fault: no failure recorded against its address.
+                    tracing::info!(route = %route.name, error = %reason, "the client's request body failed");
+                    count(gateway, &route.name, "client_error");
+                    return Err(ApiError::BodyRead(client_body_error(&reason)));
+                }
+                Attempt::Failed(e) => {
+                    pick.record(false);
+                    let reason = error_chain(&e);
+                    if e.is_connect() && idempotent && replayable.is_some() && attempt < route.retries {
+                        tracing::debug!(route = %route.name, app = %pick.url(), error = %reason, "connect failed; retrying on another address");
+                        attempt += 1;
+                        continue;
+                    }
+                    tracing::warn!(route = %route.name, app = %pick.url(), error = %reason, "app request failed");
+                    count(gateway, &route.name, "upstream_error");
+                    // The details (addresses, errors) go to the log, not to the client.
+                    let reason = if e.is_connect() {
+                        "could not connect to the app"
+                    } else {
+                        "the app closed the connection or sent an invalid response"
+                    };
+                    return Err(ApiError::BadGateway { route: route.name.clone(), reason: reason.into() });
+                }
+                Attempt::TimedOut => {
+                    pick.record(false);
+                    count(gateway, &route.name, "upstream_timeout");
+                    let timeout_ms = route.response_header_timeout.as_millis() as u64;
+                    tracing::warn!(route = %route.name, app = %pick.url(), timeout_ms, "app sent no response head in time");
+                    return Err(ApiError::GatewayTimeout { route: route.name.clone(), timeout_ms });
+                }
+            }
+        }
+    }
+
+    /// The request's head as every attempt sends it; returns the client's `Host`.
+    fn prepare_request(
+        &self,
+        route: &Route,
+        parts: &mut http::request::Parts,
+        screened: Option<&Screening>,
+    ) -> Option<HeaderValue> {
+        let original_host = request_host_header(parts);
+        prepare_request_headers(parts, self.via.as_deref(), self.trust_forwarded, screened);
+        if route.guard.is_some() {
+            // The guard reads the app's text as it flows: ask for it uncompressed.
+            parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        parts.version = if route.http2 { Version::HTTP_2 } else { Version::HTTP_11 };
+        original_host
+    }
+
+    /// Sends one request; the response-head timeout runs from the end of the upload, so a large
+    /// or slow upload is bounded by the body idle timeout instead, and is not the app's delay.
+    async fn attempt(&self, route: &Route, request: Request<BoxBody>) -> Attempt {
+        let client = if route.http2 { &self.http2 } else { &self.http1 };
+        let (parts, body) = request.into_parts();
+        let (body, mut upload) = Tracked::wrap(body, route.body_idle_timeout);
+        let head_timeout = route.response_header_timeout;
+        let result = tokio::select! {
+            result = client.request(Request::from_parts(parts, body)) => Some(result),
+            _ = async {
+                let _ = upload.wait_for(|u| *u != Upload::Sending).await;
+                tokio::time::sleep(head_timeout).await;
+            } => None,
+        };
+        let upload = *upload.borrow();
+        match result {
+            Some(Err(e)) if upload == Upload::Failed => Attempt::ClientFailed(error_chain(&e)),
+            Some(Ok(response)) => Attempt::Answered(response),
+            Some(Err(e)) => Attempt::Failed(e),
+            None => Attempt::TimedOut,
+        }
+    }
+
+    /// The app's response as the client gets it: hop-by-hop headers out, `Via` and the
+    /// decision in, the body idle-limited and, on a guarded route, screened as it streams.
+    fn prepare_response(
+        &self,
+        gateway: &Gateway,
+        route: &Route,
+        response: Response<Incoming>,
+        screened: Option<&Screening>,
+        head: bool,
+    ) -> Response<BoxBody> {
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(via) = &self.via {
+            append_via(&mut parts.headers, parts.version, via);
+        }
+        if let Some(Screening::Decided(d)) = screened {
+            // The client sees the decision too (the app may also act on it).
+            parts.headers.insert(headers::ACTION, HeaderValue::from_static(d.action.as_str()));
+        }
+        let body = BoxBody::new(IdleTimeout::new(body, route.body_idle_timeout, "the app's response body"));
+        let body = match &route.guard {
+            // A HEAD response has no body to read, and keeps its Content-Length.
+            Some(guard) if !head && guard::applies(&parts.headers) => {
+                // The guard may end the stream early: the app's length no longer holds.
+                parts.headers.remove(header::CONTENT_LENGTH);
+                let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());
+                guard::spawn(
+                    gateway.policy_store(policy).snapshot(),
+                    gateway.metrics.stream_guard.clone(),
+                    route.name.clone(),
+                    guard.clone(),
+                    &parts.headers,
+                    body,
+                )
+            }
+            Some(_) if guard::encoded(&parts.headers) => {
+                // Asked for identity coding and got a compressed body anyway: it passes unread.
+                tracing::warn!(route = %route.name, "compressed response on a guarded route; not screened");
+                let labels = RouteLabels { route: route.name.clone(), outcome: "unreadable" };
+                gateway.metrics.stream_guard.get_or_create(&labels).inc();
+                body
+            }
+            _ => body,
+        };
+        Response::from_parts(parts, body)
+    }
+}
+
+/// The request for one app address: its scheme and authority, the client's path and query, and
+/// `Host` as the route says.
+fn app_request(
+    route: &Route,
+    parts: &http::request::Parts,
+    app: &AppAddr,
+    original_host: Option<HeaderValue>,
+    body: BoxBody,
+) -> Request<BoxBody> {
+    let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut request = Request::from_parts(parts.clone(), body);
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(app.scheme.clone());
+    uri.authority = Some(app.authority.clone());
+    uri.path_and_query = Some(path_and_query);
+    *request.uri_mut() = Uri::from_parts(uri).unwrap_or_default();
+    let host = match &route.host_header {
+        HostHeader::Preserve => original_host,
+        HostHeader::App => HeaderValue::from_str(app.authority.as_str()).ok(),
+        HostHeader::Literal(v) => Some(v.clone()),
+    };
+    if let Some(host) = host {
+        request.headers_mut().insert(header::HOST, host);
+    }
+    request
+}
+
+fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// The body to send, from what screening left of the client's.
+pub(super) fn outgoing_body<B>(body: Outgoing<B>) -> BoxBody
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    match body {
+        Outgoing::Bytes(b) => full(b),
+        Outgoing::Stream(b) => BoxBody::new(b),
+        Outgoing::Partial(prefix, rest) => {
+            let head = futures_util::stream::once(async move { Ok::<_, BoxError>(hyper::body::Frame::data(prefix)) });
+            let tail = http_body_util::BodyStream::new(rest.map_err(Into::into));
+            BoxBody::new(StreamBody::new(futures_util::StreamExt::chain(head, tail)))
+        }
+        Outgoing::Broken => empty(),
+    }
+}
+
+/// What a client is told about its own broken body: the innermost cause (hyper's outer layers
+/// name the app-side request, which is not the client's business).
+fn client_body_error(chain: &str) -> String {
+    chain.rsplit(": ").next().unwrap_or(chain).to_string()
+}
+
+/// Where a request body stands on its way to the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upload {
+    Sending,
+    /// Sent whole: from now on, waiting is the app's doing.
+    Sent,
+    /// The client's body failed (broken framing, reset, stalled): the client's doing.
+    Failed,
+}
+
+/// The request body as the app gets it: idle-limited, and reporting its [`Upload`] state, so
+/// that the response-head timeout starts once the body is sent and a client's broken upload is
+/// not counted against the app.
+struct Tracked {
+    inner: IdleTimeout<BoxBody>,
+    state: tokio::sync::watch::Sender<Upload>,
+}
+
+impl Tracked {
+    /// The body to send and its upload state. A body that is already complete (none, or one
+    /// held whole) is sent as it is: it cannot stall, and it counts as sent from the start.
+    fn wrap(body: BoxBody, idle: Duration) -> (BoxBody, tokio::sync::watch::Receiver<Upload>) {
+        if http_body::Body::is_end_stream(&body) {
+            return (body, tokio::sync::watch::channel(Upload::Sent).1);
+        }
+        let (state, watch) = tokio::sync::watch::channel(Upload::Sending);
+        (BoxBody::new(Tracked { inner: IdleTimeout::new(body, idle, "the client's request body"), state }), watch)
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => {
+                this.state.send_replace(Upload::Sent);
+            }
+            Poll::Ready(Some(Err(_))) => {
+                this.state.send_replace(Upload::Failed);
+            }
+            // hyper stops polling a body that says it has ended.
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => {
+                this.state.send_replace(Upload::Sent);
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,132 @@
+//! Reading text out of a stream: SSE events and their deltas (OpenAI, TGI, Anthropic), sentence
+//! ends, UTF-8 boundaries, the evaluation window.
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// The longest incomplete SSE event held back whole; longer, its bytes are read as plain text.
+pub(super) const MAX_PARTIAL_EVENT: usize = 64 * 1024;
+
+/// Characters that end a sentence (and so trigger an evaluation).
+pub(super) const SENTENCE_ENDS: [char; 7] = ['.', '!', '?', '\n', '。', '！', '？'];
+
+/// End (exclusive) of the last sentence-ending character in raw text bytes. UTF-8 bytes below
+/// 0x80 never occur inside a longer character, so ASCII ends can be found without decoding.
+pub(super) fn last_sentence_end(data: &[u8]) -> Option<usize> {
+    let ascii = data.iter().rposition(|b| matches!(b, b'.' | b'!' | b'?' | b'\n')).map(|i| i + 1);
+    let wide = ["。", "！", "？"]
+        .iter()
+        .filter_map(|c| data.windows(c.len()).rposition(|w| w == c.as_bytes()).map(|i| i + c.len()))
+        .max();
+    ascii.max(wide)
+}
+
+/// How many trailing bytes of `bytes` are the start of a UTF-8 character whose rest is missing.
+pub(super) fn incomplete_char_len(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let byte = bytes[bytes.len() - back];
+        if byte & 0xC0 == 0x80 {
+            continue; // a continuation byte: the lead is further back
+        }
+        let needs = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if needs > back { back } else { 0 };
+    }
+    0
+}
+
+pub(super) fn floor_char_boundary(text: &str, mut at: usize) -> usize {
+    at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+pub(super) fn ceil_char_boundary(text: &str, mut at: usize) -> usize {
+    at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    at
+}
+
+pub(super) async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Keeps the last `window` bytes, cut at a character boundary.
+pub(super) fn trim_to_window(text: &mut String, window: usize) {
+    if text.len() > window {
+        let start = ceil_char_boundary(text, text.len() - window);
+        text.drain(..start);
+    }
+}
+
+/// End (exclusive) of the first complete SSE event: after its blank line. Lines end with
+/// `\r\n`, `\n` or `\r` (the SSE grammar allows all three); a `\r` at the very end of `buf`
+/// waits for the next byte, which may be its `\n`.
+pub(super) fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut line_start = 0;
+    let mut i = 0;
+    while i < buf.len() {
+        let eol = match buf[i] {
+            b'\n' => 1,
+            b'\r' if i + 1 == buf.len() => return None,
+            b'\r' if buf[i + 1] == b'\n' => 2,
+            b'\r' => 1,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        if i == line_start {
+            return Some(i + eol);
+        }
+        i += eol;
+        line_start = i;
+    }
+    None
+}
+
+/// The generated text in one SSE event: its `data:` lines joined; from JSON, OpenAI chat's
+/// `choices[].delta.content` / `choices[].text`, TGI's `token.text`, Anthropic's `delta.text`
+/// or OpenAI Responses' `delta` (a string); `[DONE]` carries none.
+pub(super) fn sse_event_text(event: &str) -> Option<String> {
+    let data: Vec<&str> = event
+        .split(['\r', '\n'])
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    if data.is_empty() {
+        return None;
+    }
+    let data = data.join("\n");
+    if data.trim() == "[DONE]" {
+        return None;
+    }
+    let Ok(value) = serde_json::from_str::<Value>(&data) else {
+        return Some(data);
+    };
+    let mut text = String::new();
+    if let Some(choices) = value.get("choices").and_then(Value::as_array) {
+        for choice in choices {
+            let piece = choice.pointer("/delta/content").or_else(|| choice.get("text"));
+            if let Some(s) = piece.and_then(Value::as_str) {
+                text.push_str(s);
+            }
+        }
+    } else if let Some(s) =
+        ["/token/text", "/delta/text", "/text", "/delta"].iter().find_map(|p| value.pointer(p).and_then(Value::as_str))
+    {
+        text.push_str(s);
+    }
+    Some(text)
+}

@@ -1,0 +1,229 @@
+//! The classify request every front door builds — `POST /v1/classify`, a screened proxy route,
+//! the tower Layer — through one validating constructor, so every door applies the same limits
+//! (`[server]`: text length, feature count; tenant length; deadline range). Errors name the
+//! field and the limit.
+
+use crate::error::ApiError;
+use crate::web::{headers, ServerConfig};
+use http::HeaderMap;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest tenant name accepted, bytes.
+pub const MAX_TENANT_BYTES: usize = 128;
+
+/// A validated classification request.
+#[derive(Debug, Clone)]
+pub struct ClassifyRequest {
+    /// The text to judge: non-blank, at most `server.max_text_bytes` bytes.
+    pub text: Arc<str>,
+    /// At most `server.max_features` keys; visible to rules as `features.KEY`.
+    pub features: Map<String, Value>,
+    /// At most [`MAX_TENANT_BYTES`] bytes.
+    pub tenant: Option<String>,
+    /// Time budget for the decision; past it model tiers are abandoned and rules decide.
+    pub deadline: Duration,
+    /// Add the complexity contributions, the signals snapshot and the routing reasons.
+    pub explain: bool,
+}
+
+impl ClassifyRequest {
+    /// The one constructor: checks `text`, `features` and `tenant` against `limits`.
+    ///
+    /// Errors: `InvalidField` naming `text` (blank, or over `max_text_bytes`), `features` (over
+    /// `max_features` keys) or `tenant` (over [`MAX_TENANT_BYTES`]).
+    pub fn new(
+        text: String,
+        features: Map<String, Value>,
+        tenant: Option<String>,
+        deadline: Duration,
+        limits: &ServerConfig,
+    ) -> Result<ClassifyRequest, ApiError> {
+        if text.trim().is_empty() {
+            return Err(ApiError::invalid("text", "`text` must not be empty"));
+        }
+        if text.len() > limits.max_text_bytes {
+            return Err(ApiError::invalid(
+                "text",
+                format!("`text` must be at most {} bytes, got {}", limits.max_text_bytes, text.len()),
+            ));
+        }
+        if features.len() > limits.max_features {
+            return Err(ApiError::invalid(
+                "features",
+                format!("`features` must have at most {} keys, got {}", limits.max_features, features.len()),
+            ));
+        }
+        if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
+            return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
+        }
+        Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline, explain: false })
+    }
+
+    /// Parses a `/v1/classify` body, `{"text": str, "features": {..}?, "tenant": str?}`, with the
+    /// tenant header as the fallback and the deadline header (see [`deadline`]).
+    ///
+    /// Errors: `MalformedJson` (400) for a body that is not JSON; `InvalidField` (422) for a
+    /// non-object body, an unknown, missing or mistyped field, or a limit from [`Self::new`].
+    pub fn from_json(headers: &HeaderMap, body: &[u8], limits: &ServerConfig) -> Result<ClassifyRequest, ApiError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let Value::Object(mut obj) = value else {
+            return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
+        };
+        if let Some(unknown) = obj.keys().find(|k| !matches!(k.as_str(), "text" | "features" | "tenant")) {
+            return Err(ApiError::invalid(
+                unknown.clone(),
+                format!("unknown field `{unknown}`; expected `text`, `features`, `tenant`"),
+            ));
+        }
+        let text = match obj.remove("text") {
+            None | Some(Value::Null) => return Err(ApiError::invalid("text", "`text` is required")),
+            Some(Value::String(s)) => s,
+            Some(other) => {
+                return Err(ApiError::invalid("text", format!("`text` must be a string, got {}", type_name(&other))))
+            }
+        };
+        let features = match obj.remove("features") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(map)) => map,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "features",
+                    format!("`features` must be an object, got {}", type_name(&other)),
+                ))
+            }
+        };
+        let tenant = match obj.remove("tenant") {
+            None | Some(Value::Null) => tenant_header(headers),
+            Some(Value::String(s)) => Some(s),
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "tenant",
+                    format!("`tenant` must be a string, got {}", type_name(&other)),
+                ))
+            }
+        };
+        ClassifyRequest::new(text, features, tenant, deadline(headers, limits)?, limits)
+    }
+}
+
+/// The tenant named by the `x-tiergate-tenant` header, if any.
+pub fn tenant_header(headers: &HeaderMap) -> Option<String> {
+    headers.get(headers::TENANT).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// The deadline from `x-tiergate-deadline-ms` (1..=`max_deadline_ms`), else `default_deadline_ms`.
+///
+/// Errors: `InvalidField` naming the header when it is not an integer in range.
+pub fn deadline(headers: &HeaderMap, limits: &ServerConfig) -> Result<Duration, ApiError> {
+    let Some(raw) = headers.get(headers::DEADLINE) else {
+        return Ok(Duration::from_millis(limits.default_deadline_ms));
+    };
+    let max = limits.max_deadline_ms;
+    let ms = raw.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|ms| (1..=max).contains(ms));
+    let ms = ms.ok_or_else(|| {
+        ApiError::invalid(
+            headers::DEADLINE,
+            format!("`{}` must be an integer from 1 to {max} (milliseconds)", headers::DEADLINE),
+        )
+    })?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// `explain=true|false|1|0` in the query string.
+pub fn explain_flag(query: Option<&str>) -> Result<bool, ApiError> {
+    let Some(query) = query else { return Ok(false) };
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key == "explain" {
+            return match value {
+                "true" | "1" | "" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(ApiError::invalid("explain", format!("`explain` must be true or false, got `{value}`"))),
+            };
+        }
+    }
+    Ok(false)
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::web::require_json;
+    use http::header;
+
+    fn limits() -> ServerConfig {
+        ServerConfig { max_text_bytes: 10, max_features: 2, ..ServerConfig::default() }
+    }
+
+    fn field_of(r: Result<ClassifyRequest, ApiError>) -> (String, String) {
+        match r {
+            Err(ApiError::InvalidField { field, message }) => (field, message),
+            other => panic!("expected InvalidField, got {other:?}"),
+        }
+    }
+
+    fn parse(h: &HeaderMap, body: &[u8]) -> Result<ClassifyRequest, ApiError> {
+        ClassifyRequest::from_json(h, body, &limits())
+    }
+
+    #[test]
+    fn valid_request_with_features_tenant_and_deadline() {
+        let mut h = HeaderMap::new();
+        h.insert(headers::DEADLINE, "50".parse().unwrap());
+        let r = parse(&h, br#"{"text":"hi","features":{"a":1},"tenant":"t1"}"#).unwrap();
+        assert_eq!(&*r.text, "hi");
+        assert_eq!(r.features["a"], 1);
+        assert_eq!(r.tenant.as_deref(), Some("t1"));
+        assert_eq!(r.deadline, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn each_bad_field_is_named_with_its_limit() {
+        let h = HeaderMap::new();
+        assert!(matches!(parse(&h, b"{not json"), Err(ApiError::MalformedJson(_))));
+        assert_eq!(field_of(parse(&h, b"[1]")).0, "body");
+        assert_eq!(field_of(parse(&h, b"{}")), ("text".into(), "`text` is required".into()));
+        assert_eq!(field_of(parse(&h, br#"{"text":5}"#)).1, "`text` must be a string, got a number");
+        assert_eq!(field_of(parse(&h, br#"{"text":"  "}"#)).1, "`text` must not be empty");
+        assert_eq!(field_of(parse(&h, br#"{"text":"01234567890"}"#)).1, "`text` must be at most 10 bytes, got 11");
+        assert_eq!(field_of(parse(&h, br#"{"text":"a","features":[]}"#)).0, "features");
+        assert!(field_of(parse(&h, br#"{"text":"a","features":{"a":1,"b":2,"c":3}}"#)).1.contains("at most 2 keys"));
+        assert_eq!(field_of(parse(&h, br#"{"text":"a","tenant":7}"#)).0, "tenant");
+        assert_eq!(field_of(parse(&h, br#"{"txt":"a"}"#)).0, "txt");
+        let mut bad = HeaderMap::new();
+        bad.insert(headers::DEADLINE, "0".parse().unwrap());
+        assert_eq!(field_of(parse(&bad, br#"{"text":"a"}"#)).0, headers::DEADLINE);
+    }
+
+    #[test]
+    fn every_door_gets_the_same_caps() {
+        let (l, d) = (limits(), Duration::from_millis(5));
+        let many: Map<String, Value> = (0..3).map(|i| (format!("k{i}"), Value::from(i))).collect();
+        assert_eq!(field_of(ClassifyRequest::new("a".into(), many, None, d, &l)).0, "features");
+        let long_tenant = Some("t".repeat(MAX_TENANT_BYTES + 1));
+        assert_eq!(field_of(ClassifyRequest::new("a".into(), Map::new(), long_tenant, d, &l)).0, "tenant");
+    }
+
+    #[test]
+    fn content_type_must_be_json() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(require_json(&h), Err(ApiError::UnsupportedMediaType { .. })));
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        assert!(matches!(require_json(&h), Err(ApiError::UnsupportedMediaType { .. })));
+        h.insert(header::CONTENT_TYPE, "Application/JSON; charset=utf-8".parse().unwrap());
+        assert!(require_json(&h).is_ok());
+    }
+}

@@ -1,0 +1,271 @@
+//! Tier selection: every routing choice of the cascade, as pure functions of (complexity,
+//! policy, signals snapshot, remaining deadline, what was tried) -> what happens next, with the
+//! reason in words. No threads, clocks or I/O here: the gateway takes one [`SignalsSnapshot`]
+//! per request and asks these functions at each step —
+//!
+//! - where a request starts: [`start`];
+//! - after the cpu tier answered: [`after_cpu`] (accept, escalate to the gpu tier, or rules),
+//!   with [`gpu_left`] saying whether the gpu tier is still open to it;
+//! - after the gpu tier answered: [`after_gpu`];
+//! - after a model tier failed: [`after_failure`] (the other model tier, or rules), and for a
+//!   failed escalation [`after_failed_escalation`] (the cpu verdict stands, or rules).
+//!
+//! So every branch is unit-tested with hand-built snapshots and verdicts (`tests.rs`).
+
+mod eligibility;
+mod signals;
+
+pub use eligibility::{cpu_eligibility, gpu_eligibility, Ineligible};
+pub use signals::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+
+use crate::complexity::Complexity;
+use crate::policy::{Policy, WhenSaturated};
+use crate::tier::{ModelVerdict, TierError};
+use serde::Serialize;
+use std::time::Duration;
+
+/// A stage of the cascade, as a decision's path names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierName {
+    Cpu,
+    Gpu,
+    Rules,
+}
+
+impl TierName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierName::Cpu => "cpu",
+            TierName::Gpu => "gpu",
+            TierName::Rules => "rules",
+        }
+    }
+}
+
+/// How a stage ended (`path[].outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A model verdict stands.
+    Accepted,
+    /// A model verdict below the policy's confidence bar.
+    LowConfidence,
+    /// A cpu verdict on text unlike the training data.
+    OutOfDistribution,
+    /// The deadline passed before the tier answered.
+    Timeout,
+    /// The tier's queue was full.
+    Shed,
+    /// Tokenisation, inference or the model server failed.
+    Error,
+    /// The tier is not configured or not present.
+    Unavailable,
+    /// The tier's circuit breaker is open.
+    CircuitOpen,
+    /// Not tried (the reason says why).
+    Skipped,
+    /// A rule decided.
+    Matched,
+    /// No rule matched; the policy's default decided.
+    Default,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::LowConfidence => "low_confidence",
+            Outcome::OutOfDistribution => "out_of_distribution",
+            Outcome::Timeout => "timeout",
+            Outcome::Shed => "shed",
+            Outcome::Error => "error",
+            Outcome::Unavailable => "unavailable",
+            Outcome::CircuitOpen => "circuit_open",
+            Outcome::Skipped => "skipped",
+            Outcome::Matched => "matched",
+            Outcome::Default => "default",
+        }
+    }
+}
+
+impl From<&TierError> for Outcome {
+    fn from(e: &TierError) -> Outcome {
+        match e {
+            TierError::Overloaded { .. } => Outcome::Shed,
+            TierError::DeadlineExceeded { .. } => Outcome::Timeout,
+            TierError::Unavailable(_) => Outcome::Unavailable,
+            TierError::CircuitOpen => Outcome::CircuitOpen,
+            TierError::Inference(_) => Outcome::Error,
+        }
+    }
+}
+
+/// The stage that runs next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    Cpu,
+    Gpu,
+    Rules,
+    /// Refuse with 503 + Retry-After (policy `when_saturated = "shed"`).
+    Shed,
+}
+
+/// Where a request starts, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Start {
+    pub stage: Stage,
+    pub reason: String,
+    /// The complexity this choice used (before the cpu tier's OOD score was known).
+    pub complexity: f64,
+    /// `Err(why)` when the cpu tier may not take the request.
+    #[serde(serialize_with = "eligibility")]
+    pub cpu: Result<(), Ineligible>,
+    #[serde(serialize_with = "eligibility")]
+    pub gpu: Result<(), Ineligible>,
+}
+
+/// `{"eligible": true}` or `{"eligible": false, "reason": ...}`.
+fn eligibility<S: serde::Serializer>(e: &Result<(), Ineligible>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(None)?;
+    m.serialize_entry("eligible", &e.is_ok())?;
+    if let Err(reason) = e {
+        m.serialize_entry("reason", reason)?;
+    }
+    m.end()
+}
+
+/// What to do with a model verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// The verdict stands; `note` says why a wanted escalation did not happen.
+    Accept { note: Option<String> },
+    /// Try the gpu tier (`outcome` names why the verdict was not trusted).
+    Escalate { outcome: Outcome, reason: String },
+    /// Rules decide.
+    Rules { outcome: Outcome, reason: String },
+}
+
+/// The model tiers a request has been sent to so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tried {
+    pub cpu: bool,
+    pub gpu: bool,
+}
+
+/// Where a request goes after a model tier failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fallback {
+    /// The other model tier, untried and eligible.
+    Try(Stage),
+    /// Rules; `skipped` names the other model tier when it was untried but ineligible.
+    Rules { skipped: Option<(TierName, Ineligible)> },
+}
+
+/// Where a request starts: complex requests on the gpu tier when it is eligible, the rest on
+/// the cpu tier; either one when the other is not eligible; neither -> `when_saturated`.
+pub fn start(complexity: &Complexity, policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Start {
+    let cpu = cpu_eligibility(policy, s, remaining);
+    let gpu = gpu_eligibility(policy, s, remaining);
+    let max = policy.routing.cpu_max_complexity;
+    let complex = complexity.score > max;
+    let (stage, reason) = match (&cpu, &gpu) {
+        (_, Ok(())) if complex => {
+            (Stage::Gpu, format!("complexity {:.2} above cpu_max_complexity {max}", complexity.score))
+        }
+        (Ok(()), Err(why)) if complex => (
+            Stage::Cpu,
+            format!("complexity {:.2} above cpu_max_complexity {max}, but gpu ineligible: {why}", complexity.score),
+        ),
+        (Ok(()), _) => (Stage::Cpu, format!("complexity {:.2} within cpu_max_complexity {max}", complexity.score)),
+        (Err(why), Ok(())) => (Stage::Gpu, format!("cpu ineligible: {why}")),
+        (Err(c), Err(g)) => {
+            let stage = match policy.routing.when_saturated {
+                WhenSaturated::Rules => Stage::Rules,
+                WhenSaturated::Shed => Stage::Shed,
+            };
+            (stage, format!("both model tiers saturated: cpu: {c}; gpu: {g}"))
+        }
+    };
+    Start { stage, reason, complexity: complexity.score, cpu, gpu }
+}
+
+/// Whether the gpu tier is still open to a request after the cpu tier answered: not when it was
+/// already tried, else its eligibility now.
+pub fn gpu_left(tried: Tried, policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Result<(), Ineligible> {
+    if tried.gpu {
+        return Err(Ineligible::AlreadyTried);
+    }
+    gpu_eligibility(policy, s, remaining)
+}
+
+/// After the cpu tier answered: accept, escalate to the gpu tier, or hand over to rules.
+/// `gpu` is the gpu tier's eligibility now ([`gpu_left`]).
+pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu: &Result<(), Ineligible>) -> Next {
+    let c = &policy.cascade;
+    let (outcome, reason) = if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
+        (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
+    } else if v.confidence < c.escalate_below() {
+        (Outcome::LowConfidence, format!("confidence {:.3} below escalate_below {}", v.confidence, c.escalate_below()))
+    } else {
+        return Next::Accept { note: None };
+    };
+    let min = policy.routing.gpu_min_complexity;
+    let blocked = match gpu {
+        Err(why) => Some(format!("gpu ineligible: {why}")),
+        Ok(()) if complexity.score < min => {
+            Some(format!("complexity {:.2} below gpu_min_complexity {min}", complexity.score))
+        }
+        Ok(()) => None,
+    };
+    match blocked {
+        None => Next::Escalate { outcome, reason },
+        Some(why) if outcome == Outcome::OutOfDistribution || v.confidence < c.accept_below => {
+            let reason = if outcome == Outcome::LowConfidence {
+                format!("confidence {:.3} below accept_below {}", v.confidence, c.accept_below)
+            } else {
+                reason
+            };
+            Next::Rules { outcome, reason: format!("{reason}; {why}") }
+        }
+        Some(why) => Next::Accept { note: Some(format!("{reason}, not escalated: {why}")) },
+    }
+}
+
+/// After the gpu tier answered: accept, or hand over to rules.
+pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
+    let accept_below = policy.cascade.accept_below;
+    if v.confidence < accept_below {
+        Next::Rules {
+            outcome: Outcome::LowConfidence,
+            reason: format!("confidence {:.3} below accept_below {accept_below}", v.confidence),
+        }
+    } else {
+        Next::Accept { note: None }
+    }
+}
+
+/// After the `failed` model tier gave no verdict (and it was not an escalation): the other
+/// model tier if it is untried and `other` (its eligibility now) allows it, else rules.
+pub fn after_failure(failed: TierName, tried: Tried, other: Result<(), Ineligible>) -> Fallback {
+    let (other_tried, stage, name) = match failed {
+        TierName::Cpu => (tried.gpu, Stage::Gpu, TierName::Gpu),
+        _ => (tried.cpu, Stage::Cpu, TierName::Cpu),
+    };
+    match other {
+        _ if other_tried => Fallback::Rules { skipped: None },
+        Ok(()) => Fallback::Try(stage),
+        Err(why) => Fallback::Rules { skipped: Some((name, why)) },
+    }
+}
+
+/// An escalation to the gpu tier failed with `outcome`: the cpu verdict stands if it would have
+/// stood without a gpu tier (`Accept`), else rules decide.
+pub fn after_failed_escalation(cpu: &ModelVerdict, complexity: &Complexity, policy: &Policy, outcome: Outcome) -> Next {
+    after_cpu(cpu, complexity, policy, &Err(Ineligible::Failed(outcome)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,53 @@
+//! What routing knows about load: one snapshot per request, as plain data, so every routing
+//! function is pure and is tested with hand-built values.
+
+use crate::tier::breaker::CircuitState;
+use serde::Serialize;
+
+/// What routing knows about load, as plain data.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SignalsSnapshot {
+    pub cpu: CpuSignals,
+    pub gpu: GpuSignals,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuSignals {
+    /// Machine CPU utilisation EWMA, [0, 1]; `None` when unknown or stale.
+    pub utilization: Option<f64>,
+    pub queue_depth: usize,
+    pub in_flight: usize,
+    /// p95 of the tier's service time (inference, without the queue wait), µs, over the last
+    /// [`crate::signals::latency::MAX_AGE`].
+    pub p95_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSignals {
+    /// Why the gpu tier cannot run at all (not configured); `None` when it exists.
+    pub unavailable: Option<String>,
+    pub memory: GpuMemory,
+    /// Kernel-busy share (NVML), [0, 1], where known.
+    pub utilization: Option<f64>,
+    pub in_flight: usize,
+    pub p95_us: Option<u64>,
+    /// EWMA of successful calls' latency, µs.
+    pub ewma_us: Option<u64>,
+    pub circuit: CircuitState,
+    /// Upstream backend: KV-cache headroom scraped from the servers, where they expose it.
+    pub kv_cache_headroom: Option<f64>,
+    /// Upstream backend: endpoints healthy and not ejected.
+    pub endpoints_available: Option<usize>,
+}
+
+/// GPU memory as routing sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuMemory {
+    /// No GPU on this machine (the reason): the memory limit does not apply.
+    NotPresent(String),
+    /// The reading is missing or stale.
+    Unknown,
+    /// Least free memory over the devices, MiB.
+    FreeMb(u64),
+}

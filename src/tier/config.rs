@@ -1,0 +1,99 @@
+//! `[model]` (the cpu tier) and `[gpu]` (the gpu tier) in the config file.
+
+use super::breaker::BreakerConfig;
+use super::gpu::upstream::UpstreamConfig;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Directory holding `model.json`, the ONNX file, `tokenizer.json`, `calibration.json`, `ood.json`.
+    pub dir: PathBuf,
+    /// Path of `libonnxruntime.so`; unset: `ORT_DYLIB_PATH`, then the cache, then fetched from PyPI.
+    pub onnxruntime: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads per session.
+    pub intra_threads: usize,
+    /// Whether ONNX Runtime's intra-op threads spin while waiting for work. Spinning cuts
+    /// latency on an idle machine and steals CPU from everything else on a busy one.
+    pub intra_op_spinning: bool,
+    /// Sessions, each driven by its own blocking worker thread.
+    pub sessions: usize,
+    /// Most requests run together in one inference call.
+    pub max_batch: usize,
+    /// How long the first request of a batch may wait for more to join, µs (0: only requests
+    /// already waiting join; nothing is held back).
+    pub max_queue_delay_us: u64,
+    /// Bounded queue in front of the workers; a full queue sheds the request to the next stage.
+    pub queue_capacity: usize,
+    /// ONNX Runtime execution provider: `cpu` or `cuda`.
+    pub provider: Provider,
+    /// CUDA device ordinal (provider `cuda`).
+    pub device_id: i32,
+}
+
+/// An ONNX Runtime execution provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dir: PathBuf::from("models"),
+            onnxruntime: None,
+            // Two single-threaded sessions beat one two-threaded session on 2 cores, raw and end to
+            // end, and a batch of 4 sustains the most under a 50 ms p99 (docs/BENCHMARKS.md).
+            intra_threads: 1,
+            intra_op_spinning: false,
+            sessions: 2,
+            max_batch: 4,
+            max_queue_delay_us: 0,
+            queue_capacity: 256,
+            provider: Provider::Cpu,
+            device_id: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// The gpu tier's backend: `none`, `onnx` (in-process) or `upstream` (model servers).
+    pub backend: GpuBackend,
+    /// Per-request timeout on the gpu tier, ms (the request's deadline may cut it shorter).
+    pub timeout_ms: u64,
+    /// Most requests on the gpu tier at once; more are refused (`shed`) and route down.
+    pub max_concurrency: usize,
+    pub circuit: BreakerConfig,
+    /// `backend = "onnx"`: a larger or full-precision classifier with its own calibration.
+    pub onnx: ModelConfig,
+    /// `backend = "upstream"`: OpenAI-compatible model servers.
+    pub upstream: UpstreamConfig,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            backend: GpuBackend::None,
+            timeout_ms: 2000,
+            max_concurrency: 32,
+            circuit: BreakerConfig::default(),
+            onnx: ModelConfig { provider: Provider::Cuda, sessions: 1, max_batch: 32, ..ModelConfig::default() },
+            upstream: UpstreamConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuBackend {
+    #[default]
+    None,
+    Onnx,
+    Upstream,
+}

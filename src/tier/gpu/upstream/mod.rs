@@ -1,0 +1,383 @@
+//! The gpu tier's `upstream` backend: a pool of local OpenAI-compatible model servers
+//! (vLLM, TGI, llama.cpp server, SGLang) asked to classify one text per call.
+//!
+//! What the pool does, in the order a call sees it:
+//!
+//! 1. **pick** an endpoint by power of two choices over a peak-sensitive EWMA of latency
+//!    ([`UpstreamPool::classify`], see `Ewma` for the cost), among endpoints that are
+//!    healthy and not ejected;
+//! 2. **ask** it: `POST {base}/v1/chat/completions` with the policy's [`PromptSpec`],
+//!    `temperature: 0` and `logprobs: true`, until the caller's deadline;
+//! 3. **read** the answer (a JSON `{"label", "confidence"}` or a bare label word) and turn it
+//!    into a [`ModelVerdict`] (see [`parse_completion`] for where the probability comes from);
+//! 4. **record** the outcome: latency into the EWMA, failures into the endpoint's consecutive
+//!    failure count, which ejects the endpoint after `eject_after_failures`.
+//!
+//! Beside the calls, one task per endpoint runs active health checks (and scrapes vLLM's
+//! Prometheus `/metrics` for KV-cache usage when configured); a health check re-admits an
+//! ejected endpoint once `eject_ms` has passed (outlier ejection with re-admission, as in
+//! pingora's health checks and Envoy's outlier detection). The tasks stop when the pool is
+//! dropped.
+//!
+//! There are no retries here on purpose: the caller's cascade falls back to the rules engine,
+//! which never waits, and a retry would spend the deadline that fallback needs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::Serialize;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::balance::{Balancer, BalancerConfig, MemberStatus, Readmit};
+use crate::error::error_chain;
+use crate::tier::ModelVerdict;
+use crate::tier::TierError;
+
+/// Largest response body read from a model server (answers are a few hundred bytes; vLLM's
+/// `/metrics` is a few hundred KiB). Anything longer is a failure, never an allocation.
+pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// The OpenAI chat-completions path, appended to each endpoint's base URL.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+mod completion;
+mod config;
+mod metrics;
+
+use crate::policy::PromptSpec;
+use completion::snippet;
+pub use completion::{parse_completion, request_body, ParsedCompletion, ProbabilitySource};
+pub use config::UpstreamConfig;
+pub use metrics::parse_vllm_metrics;
+
+/// One endpoint as [`UpstreamPool::endpoints`] reports it (for `/admin` and tests).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EndpointStatus {
+    /// Health, ejection, latency estimate and request counts.
+    #[serde(flatten)]
+    pub balance: MemberStatus,
+    /// From the last scrape of `metrics_path`; `None` when not scraped, absent or failed.
+    pub kv_cache_usage: Option<f64>,
+    pub requests_waiting: Option<f64>,
+}
+
+impl std::ops::Deref for EndpointStatus {
+    type Target = MemberStatus;
+    fn deref(&self) -> &MemberStatus {
+        &self.balance
+    }
+}
+
+/// Request, health and metrics URIs of one endpoint.
+pub(super) struct EndpointUris {
+    chat: Uri,
+    health: Uri,
+    metrics: Option<Uri>,
+}
+
+impl EndpointUris {
+    pub(super) fn parse(base: &str, health_path: &str, metrics_path: Option<&str>) -> Result<Self, String> {
+        let trimmed = base.trim().trim_end_matches('/');
+        let uri: Uri = trimmed.parse().map_err(|e| format!("endpoint `{base}` is not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(format!(
+                    "endpoint `{base}`: scheme `{other}` is not supported (local model servers speak plain http)"
+                ))
+            }
+            None => return Err(format!("endpoint `{base}` must start with http://")),
+        }
+        if uri.query().is_some() {
+            return Err(format!("endpoint `{base}` must not have a query string"));
+        }
+        let join = |path: &str| -> Result<Uri, String> {
+            let path = if path.starts_with('/') { path.to_string() } else { format!("/{path}") };
+            format!("{trimmed}{path}").parse().map_err(|e| format!("endpoint `{base}` with path `{path}`: {e}"))
+        };
+        Ok(EndpointUris {
+            chat: join(CHAT_PATH)?,
+            health: join(health_path)?,
+            metrics: metrics_path.map(join).transpose()?,
+        })
+    }
+}
+
+/// An endpoint's URIs and its last vLLM metrics scrape; its load-balancing state is in the
+/// [`Balancer`] at the same index.
+struct Endpoint {
+    uris: EndpointUris,
+    /// (KV-cache usage, requests waiting) from the last scrape.
+    scraped: Mutex<(Option<f64>, Option<f64>)>,
+}
+
+impl Endpoint {
+    fn scraped(&self) -> (Option<f64>, Option<f64>) {
+        *self.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What the pool and its background tasks share.
+struct Shared {
+    endpoints: Vec<Endpoint>,
+    balancer: Balancer,
+    client: Client<HttpConnector, Full<Bytes>>,
+    model: String,
+    health_interval: Duration,
+    health_timeout: Duration,
+}
+
+impl Shared {
+    /// GET `uri` with a timeout; `Ok(body)` for a 2xx status.
+    async fn get(&self, uri: &Uri) -> Result<Bytes, String> {
+        let request = Request::get(uri.clone()).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        let call = async {
+            let response = self.client.request(request).await.map_err(|e| error_chain(&e))?;
+            let status = response.status();
+            let body = read_capped(response.into_body()).await?;
+            if status.is_success() {
+                Ok(body)
+            } else {
+                Err(format!("status {status}"))
+            }
+        };
+        tokio::time::timeout(self.health_timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} ms", self.health_timeout.as_millis())))
+    }
+
+    async fn check(&self, index: usize) {
+        let endpoint = &self.endpoints[index];
+        let url = self.balancer.url(index);
+        let result = self.get(&endpoint.uris.health).await;
+        if let Err(e) = &result {
+            tracing::debug!(endpoint = %url, error = %e, "health check failed");
+        }
+        self.balancer.on_health(index, result.is_ok());
+        if let Some(metrics) = &endpoint.uris.metrics {
+            // A failed scrape clears the values: stale KV-cache numbers would overstate headroom.
+            let (usage, waiting) = match self.get(metrics).await {
+                Ok(body) => parse_vllm_metrics(&String::from_utf8_lossy(&body)),
+                Err(e) => {
+                    tracing::debug!(endpoint = %url, error = %e, "metrics scrape failed");
+                    (None, None)
+                }
+            };
+            *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (usage, waiting);
+        }
+    }
+
+    /// One HTTP exchange with `endpoint`; the caller bounds it by the deadline.
+    async fn ask(&self, index: usize, body: Bytes, prompt: &PromptSpec) -> Result<ParsedCompletion, TierError> {
+        let url = self.balancer.url(index);
+        let request = Request::post(self.endpoints[index].uris.chat.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| TierError::Inference(format!("{}: cannot build request: {e}", url)))?;
+        let response = self.client.request(request).await.map_err(|e| {
+            let message = format!("{}: {}", url, error_chain(&e));
+            if e.is_connect() {
+                TierError::Unavailable(message)
+            } else {
+                TierError::Inference(message)
+            }
+        })?;
+        let status = response.status();
+        let bytes = read_capped(response.into_body())
+            .await
+            .map_err(|e| TierError::Inference(format!("{}: status {status}, {e}", url)))?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err(TierError::Inference(format!("{} answered {status}: {}", url, snippet(text.trim()))));
+        }
+        parse_completion(&bytes, prompt).map_err(|e| TierError::Inference(format!("{}: {e}", url)))
+    }
+}
+
+/// Reads a body up to [`MAX_RESPONSE_BYTES`].
+async fn read_capped(body: hyper::body::Incoming) -> Result<Bytes, String> {
+    match Limited::new(body, MAX_RESPONSE_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(format!("response body over {MAX_RESPONSE_BYTES} bytes"))
+        }
+        Err(e) => Err(format!("response body could not be read: {}", error_chain(&*e))),
+    }
+}
+
+/// A pool of OpenAI-compatible model servers; see the module docs.
+pub struct UpstreamPool {
+    shared: Arc<Shared>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl std::fmt::Debug for UpstreamPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamPool").field("endpoints", &self.endpoints()).finish()
+    }
+}
+
+impl Drop for UpstreamPool {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl UpstreamPool {
+    /// Must be called inside a tokio runtime: spawns one health-check (and metrics-scrape) task
+    /// per endpoint; they stop when the pool is dropped. Endpoints start healthy; the first
+    /// checks run at once.
+    pub fn start(config: &UpstreamConfig) -> anyhow::Result<Arc<UpstreamPool>> {
+        config.validate().map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| anyhow::anyhow!("upstream pool: must be started inside a tokio runtime"))?;
+        let mut endpoints = Vec::with_capacity(config.endpoints.len());
+        for url in &config.endpoints {
+            let uris = EndpointUris::parse(url, &config.health_path, config.metrics_path.as_deref())
+                .map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
+            endpoints.push(Endpoint { uris, scraped: Mutex::new((None, None)) });
+        }
+        let balancer = Balancer::new(
+            config.endpoints.iter().map(|url| url.trim().trim_end_matches('/').to_string()),
+            BalancerConfig {
+                eject_after_failures: config.eject_after_failures,
+                eject: Duration::from_millis(config.eject_ms),
+                decay_ms: config.ewma_decay_ms as f64,
+                readmit: Readmit::HealthCheck,
+            },
+        );
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        let health_interval = Duration::from_millis(config.health_interval_ms);
+        let shared = Arc::new(Shared {
+            endpoints,
+            balancer,
+            client,
+            model: config.model.clone(),
+            health_interval,
+            // A probe may take up to one interval (at least the connect timeout, at most 5 s).
+            health_timeout: health_interval
+                .max(Duration::from_millis(config.connect_timeout_ms))
+                .min(Duration::from_secs(5)),
+        });
+        let tasks = (0..shared.endpoints.len())
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                runtime
+                    .spawn(async move {
+                        let mut tick = tokio::time::interval(shared.health_interval);
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        loop {
+                            tick.tick().await;
+                            shared.check(index).await;
+                        }
+                    })
+                    .abort_handle()
+            })
+            .collect();
+        Ok(Arc::new(UpstreamPool { shared, tasks }))
+    }
+
+    /// One classification: pick an endpoint by P2C, `POST {base}/v1/chat/completions`, parse the
+    /// verdict; give up at `deadline`.
+    ///
+    /// Failures count against the endpoint: connect errors (`Unavailable`), non-2xx statuses and
+    /// unreadable answers (`Inference`), and running out of time (`DeadlineExceeded`; the elapsed
+    /// time also feeds the EWMA as a lower bound of the endpoint's latency). So deadlines
+    /// persistently shorter than an endpoint's latency eject it: with every endpoint too slow the
+    /// pool answers `Unavailable` at once instead of spending each caller's deadline, which is the
+    /// degradation the cascade wants (rules answer instead). A call dropped by the caller counts
+    /// as nothing.
+    pub async fn classify(
+        &self,
+        prompt: &PromptSpec,
+        text: &str,
+        deadline: Instant,
+    ) -> Result<ModelVerdict, TierError> {
+        let start = Instant::now();
+        if start >= deadline {
+            return Err(TierError::DeadlineExceeded { waited_us: 0 });
+        }
+        let shared = &*self.shared;
+        let pick = shared
+            .balancer
+            .pick(None)
+            .map_err(|e| TierError::Unavailable(format!("no healthy upstream endpoint ({} ejected)", e.ejected)))?;
+        // Serialising a `Value` of strings and numbers cannot fail.
+        let body = Bytes::from(serde_json::to_vec(&request_body(prompt, &shared.model, text)).unwrap_or_default());
+        let outcome = tokio::time::timeout_at(deadline, shared.ask(pick.index, body, prompt)).await;
+        let elapsed = start.elapsed();
+        match outcome {
+            Ok(Ok(parsed)) => {
+                pick.record(true);
+                let (risk_score, confidence) = parsed.scores();
+                Ok(ModelVerdict {
+                    risk_score,
+                    confidence,
+                    ood_score: None,
+                    tokens: parsed.prompt_tokens,
+                    queue_us: 0,
+                    infer_us: elapsed.as_micros() as u64,
+                    batch_size: 1,
+                    endpoint: Some(pick.url().to_string()),
+                })
+            }
+            Ok(Err(e)) => {
+                pick.record(false);
+                Err(e)
+            }
+            Err(_) => {
+                pick.record(false);
+                Err(TierError::DeadlineExceeded { waited_us: elapsed.as_micros() as u64 })
+            }
+        }
+    }
+
+    /// Every endpoint's state, in configuration order.
+    pub fn endpoints(&self) -> Vec<EndpointStatus> {
+        self.shared
+            .balancer
+            .status()
+            .into_iter()
+            .zip(&self.shared.endpoints)
+            .map(|(balance, e)| {
+                let (kv_cache_usage, requests_waiting) = e.scraped();
+                EndpointStatus { balance, kv_cache_usage, requests_waiting }
+            })
+            .collect()
+    }
+
+    /// Headroom in [0, 1] from the scraped KV-cache usage: max over available endpoints of
+    /// `1 - kv_cache_usage`; `None` when no available endpoint exposes it.
+    pub fn kv_cache_headroom(&self) -> Option<f64> {
+        self.endpoints()
+            .iter()
+            .filter(|e| e.healthy && !e.ejected)
+            .filter_map(|e| e.kv_cache_usage)
+            .map(|usage| 1.0 - usage)
+            .fold(None, |best: Option<f64>, x| Some(best.map_or(x, |b| b.max(x))))
+    }
+
+    /// Endpoints currently eligible (healthy and not ejected).
+    pub fn available(&self) -> usize {
+        self.shared.balancer.available()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-/// How to ask the model.
+/// How to ask the model; lives in the routing policy (hot-reloaded) and is passed per call.
 #[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PromptSpec {

@@ -1,0 +1,168 @@
+//! The shape docs/ARCHITECTURE.md promises, checked on the source: no import cycles between
+//! the top-level modules of `src/`, no file over 600 lines, no function over 80 lines except
+//! declarative tables (metric registration).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const MAX_FILE_LINES: usize = 600;
+const MAX_FN_LINES: usize = 80;
+/// Functions that are declarative tables, allowed to be long.
+const TABLES: [&str; 1] = ["src/metrics.rs::new"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Each source file of `src/` with its top-level module and its path relative to the repo.
+fn sources() -> Vec<(String, String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            let module = rel.trim_start_matches("src/").split('/').next().unwrap().trim_end_matches(".rs").to_string();
+            (module, rel, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect()
+}
+
+/// `crate::NAME` references outside test code.
+fn references(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                out.insert(item.trim().split("::").next().unwrap_or_default().to_string());
+            }
+        } else {
+            out.insert(rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or_default().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_cycles_between_modules() {
+    let files = sources();
+    let modules: BTreeSet<String> =
+        files.iter().map(|(m, _, _)| m.clone()).filter(|m| m != "lib" && m != "main").collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, rel, text) in &files {
+        if !modules.contains(module) || rel.ends_with("tests.rs") {
+            continue;
+        }
+        let targets = references(text).into_iter().filter(|t| t != module && modules.contains(t));
+        edges.entry(module.clone()).or_default().extend(targets);
+    }
+    // A module that reaches itself through its imports is in a cycle.
+    for start in &modules {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+        while let Some((at, path)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                assert!(next != start, "import cycle: {} -> {start}", path.join(" -> "));
+                if seen.insert(next.clone()) {
+                    stack.push((next.clone(), [path.clone(), vec![next.clone()]].concat()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn files_stay_small() {
+    for (_, rel, text) in sources() {
+        let lines = text.lines().count();
+        assert!(lines <= MAX_FILE_LINES, "{rel} has {lines} lines (at most {MAX_FILE_LINES}): split it by concern");
+    }
+}
+
+#[test]
+fn functions_stay_short() {
+    for (_, rel, text) in sources() {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(name) = fn_name(line) else { continue };
+            let length = body_length(&lines[i..]);
+            let key = format!("{rel}::{name}");
+            assert!(
+                length <= MAX_FN_LINES || TABLES.contains(&key.as_str()),
+                "{rel}:{} fn {name} has {length} lines (at most {MAX_FN_LINES})",
+                i + 1
+            );
+        }
+    }
+}
+
+/// The name of the function a line declares, if it does.
+fn fn_name(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    let t = t
+        .strip_prefix("pub(crate) ")
+        .or_else(|| t.strip_prefix("pub(super) "))
+        .or_else(|| t.strip_prefix("pub "))
+        .unwrap_or(t);
+    let t = t.strip_prefix("async ").unwrap_or(t);
+    let t = t.strip_prefix("const ").unwrap_or(t);
+    let rest = t.strip_prefix("fn ")?;
+    Some(rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or_default())
+}
+
+/// Lines from a `fn` line to the line closing its body (1 for a declaration without a body).
+fn body_length(lines: &[&str]) -> usize {
+    let mut depth = 0i64;
+    let mut opened = false;
+    for (n, line) in lines.iter().enumerate() {
+        let code = strip_literals(line);
+        depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+        opened |= code.contains('{');
+        if (opened && depth <= 0) || (!opened && code.trim_end().ends_with(';')) {
+            return n + 1;
+        }
+    }
+    lines.len()
+}
+
+/// The line without string and char literals and `//` comments (their braces are not code).
+fn strip_literals(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                while let Some(d) = chars.next() {
+                    match d {
+                        '\\' => drop(chars.next()),
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '\'' if chars.clone().nth(1) == Some('\'') || chars.peek() == Some(&'\\') => {
+                for d in chars.by_ref() {
+                    if d == '\'' {
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => break,
+            _ => out.push(c),
+        }
+    }
+    out
+}

@@ -172,6 +172,15 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
             Then::Stage(next) => next,
         };
     };
+    let mut decision = decision;
+    let input = RulesInput {
+        text: &x.req.text,
+        signals: &rating.signals,
+        features: &x.req.features,
+        tenant: x.req.tenant.as_deref(),
+        model: run.model,
+    };
+    super::guard::apply(&mut decision, x.policy, &input, run.metrics);
     let explain = x.req.explain.then(|| Explain {
         complexity: run.complexity,
         stats: rating.stats,
@@ -325,6 +334,8 @@ impl Run<'_> {
     }
 
     fn decide(&mut self, tier: TierName, v: &ModelVerdict, policy: &Policy) -> Decision {
+        // Guards see the verdict that stands.
+        self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
         let action = policy.actions.action_for(v.risk_score);
         decision(tier, v.risk_score, Some(v.confidence), action, std::mem::take(&mut self.path))
     }
@@ -362,6 +373,10 @@ impl Run<'_> {
         let mut d = decision(TierName::Rules, verdict.risk_score, None, verdict.action, std::mem::take(&mut self.path));
         d.rule = verdict.rule;
         d.signals = Some(verdict.signals);
+        if let Some((rule, error)) = verdict.errors.first() {
+            let why = format!("rule failed to evaluate: {error}");
+            super::guard::at_least(&mut d, x.policy.safety.on_rule_error, rule, &why);
+        }
         d
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod cascade;
 mod config;
+mod guard;
 mod lifecycle;
 pub mod shadow;
 

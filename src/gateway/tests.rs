@@ -181,3 +181,101 @@ async fn saturated_tiers_shed_when_the_policy_says_so() {
     let result = cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await;
     assert!(matches!(result, Err(ApiError::Shed { retry_after_s: 1, .. })), "{result:?}");
 }
+
+const GUARDED: &str = r#"
+[signals.link]
+patterns = ['https?://\S+']
+[[guards]]
+name = "credential_link"
+when = "signals.credential > 0 && signals.link > 0"
+action = "block"
+score = 0.95
+[[guards]]
+name = "large_amount"
+when = "has(features.amount) && features.amount > 10000"
+action = "review"
+score = 0.6
+[[allowlist]]
+name = "internal_notice"
+when = "tenant == 'it-desk'"
+action = "allow"
+score = 0.0
+"#;
+
+async fn decide_with(
+    policy: &Policy,
+    text: &str,
+    features: serde_json::Value,
+    tenant: Option<&str>,
+    cpu: f64,
+) -> Decision {
+    let limits = ServerConfig::default();
+    let features = features.as_object().cloned().unwrap_or_default();
+    let req =
+        ClassifyRequest::new(text.into(), features, tenant.map(String::from), Duration::from_millis(200), &limits)
+            .unwrap();
+    let snapshot = snapshot(false);
+    let rating = Rating {
+        stats: TextStats::default(),
+        complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
+        signals: policy.rules.count_signals(text),
+        encoding: None,
+    };
+    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None };
+    let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
+    cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.unwrap().0
+}
+
+#[tokio::test]
+async fn a_guard_raises_a_confident_allow_and_the_path_names_it() {
+    let p = policy(GUARDED);
+    let d = decide_with(&p, "verify your password at https://x.top/login", serde_json::json!({}), None, 0.02).await;
+    assert_eq!((d.action, d.tier, d.rule.as_deref()), (Action::Block, TierName::Guard, Some("credential_link")));
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::Accepted), (TierName::Guard, Outcome::Raised)]);
+    assert_eq!(d.risk_score, 0.95);
+    assert_eq!(d.confidence, None, "a guard's score is declared, not calibrated");
+    // The most severe guard wins; a guard never lowers: a block stays a block.
+    let both = "password https://x.top";
+    let d = decide_with(&p, both, serde_json::json!({"amount": 50000}), None, 0.02).await;
+    assert_eq!(d.rule.as_deref(), Some("credential_link"));
+    let d = decide_with(&p, "hello", serde_json::json!({"amount": 50000}), None, 0.97).await;
+    assert_eq!((d.action, d.tier), (Action::Block, TierName::Cpu), "the model's block stands over a review guard");
+}
+
+#[tokio::test]
+async fn the_allow_list_lowers_only_what_the_policy_lets_it() {
+    let p = policy(GUARDED);
+    let d = decide_with(&p, "weekly maintenance window", serde_json::json!({}), Some("it-desk"), 0.6).await;
+    assert_eq!((d.action, d.rule.as_deref()), (Action::Allow, Some("internal_notice")), "lowers the model's review");
+    assert_eq!(path(&d).last(), Some(&(TierName::Guard, Outcome::Lowered)));
+    let phish = "password reset https://x.top";
+    let d = decide_with(&p, phish, serde_json::json!({}), Some("it-desk"), 0.02).await;
+    assert_eq!(d.action, Action::Block, "a guard's block is not lowered by default");
+    let lenient = policy(&format!("{GUARDED}\n[safety]\nallowlist_overrides_guards = true\n"));
+    let d = decide_with(&lenient, phish, serde_json::json!({}), Some("it-desk"), 0.02).await;
+    assert_eq!(d.action, Action::Allow, "unless the policy says so");
+}
+
+#[tokio::test]
+async fn a_rule_that_fails_to_evaluate_is_never_skipped_in_silence() {
+    // `amount` sent as a string: the guard's comparison fails at run time.
+    let p = policy(GUARDED);
+    let d = decide_with(&p, "hello there", serde_json::json!({"amount": "50000"}), None, 0.02).await;
+    assert_eq!((d.action, d.rule.as_deref()), (Action::Review, Some("large_amount")), "on_rule_error = review");
+    assert!(d.path.last().unwrap().reason.as_deref().unwrap().contains("failed to evaluate"));
+    let ignore = policy(&format!("{GUARDED}\n[safety]\non_rule_error = \"allow\"\n"));
+    let d = decide_with(&ignore, "hello there", serde_json::json!({"amount": "50000"}), None, 0.02).await;
+    assert_eq!(d.action, Action::Allow);
+}
+
+#[tokio::test]
+async fn a_nan_verdict_is_never_accepted() {
+    let p = policy("");
+    let mut nan = verdict(0.02, 0.5);
+    nan.risk_score = f64::NAN;
+    nan.confidence = f64::NAN;
+    let d = decide(&p, "hello", false, Some(Ok(nan)), None).await.unwrap();
+    assert_eq!(d.tier, TierName::Rules);
+    assert_eq!(path(&d)[0], (TierName::Cpu, Outcome::Error));
+    assert_eq!(d.action, Action::Review);
+}

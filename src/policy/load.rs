@@ -1,10 +1,10 @@
 //! From policy files to a [`Policy`]: parsing each file, merging sections across files, checking
 //! ranges and required sections, compiling the rules.
 
-use super::sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing};
+use super::sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety};
 use super::{Policy, PolicyError, PolicyProblem, PromptSpec};
 use crate::complexity::ComplexitySpec;
-use crate::rules::{self, DefaultVerdict, RuleSpec, SignalSpec, SpecRef};
+use crate::rules::{self, DefaultVerdict, RuleClasses, RuleSpec, SignalSpec, SpecRef};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,13 +23,26 @@ pub(super) struct PolicyFile {
     cpu: Option<CpuLimits>,
     gpu: Option<GpuLimits>,
     prompt: Option<PromptSpec>,
+    safety: Option<Safety>,
     #[serde(default)]
     #[schemars(with = "BTreeMap<String, SignalSpec>")]
     signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
+    /// Decide when no model verdict stands; the first match decides.
     #[serde(default)]
     #[schemars(with = "Vec<RuleSpec>")]
     rules: Vec<toml::Spanned<RuleSpec>>,
+    /// Evaluated on every request; the most severe match can only raise the action.
+    #[serde(default)]
+    #[schemars(with = "Vec<RuleSpec>")]
+    guards: Vec<toml::Spanned<RuleSpec>>,
+    /// Explicit exceptions: the first match lowers the action to its own (see `[safety]`).
+    #[serde(default)]
+    #[schemars(with = "Vec<RuleSpec>")]
+    allowlist: Vec<toml::Spanned<RuleSpec>>,
 }
+
+/// A rule of one class, with the file and line it came from.
+type Located = (PathBuf, usize, RuleSpec);
 
 /// Sections gathered from all files, each remembering the file that defined it.
 #[derive(Default)]
@@ -42,8 +55,11 @@ pub(super) struct Merged {
     cpu: Option<(PathBuf, CpuLimits)>,
     gpu: Option<(PathBuf, GpuLimits)>,
     prompt: Option<(PathBuf, PromptSpec)>,
+    safety: Option<(PathBuf, Safety)>,
     signals: Vec<(PathBuf, usize, String, SignalSpec)>,
-    rules: Vec<(PathBuf, usize, RuleSpec)>,
+    rules: Vec<Located>,
+    guards: Vec<Located>,
+    allowlist: Vec<Located>,
 }
 
 impl Merged {
@@ -90,8 +106,11 @@ impl Merged {
                 self.signals.push((path.to_path_buf(), line, name, spec));
             }
         }
-        self.rules
-            .extend(file.rules.into_iter().map(|r| (path.to_path_buf(), line_of(r.span().start), r.into_inner())));
+        section(&mut self.safety, path, "safety", file.safety, problems);
+        let located = |r: toml::Spanned<RuleSpec>| (path.to_path_buf(), line_of(r.span().start), r.into_inner());
+        self.rules.extend(file.rules.into_iter().map(located));
+        self.guards.extend(file.guards.into_iter().map(located));
+        self.allowlist.extend(file.allowlist.into_iter().map(located));
     }
 }
 
@@ -166,10 +185,14 @@ impl Merged {
         let locate = |at: SpecRef| match at {
             SpecRef::Signal(i) => (&self.signals[i].0, self.signals[i].1),
             SpecRef::Rule(i) => (&self.rules[i].0, self.rules[i].1),
+            SpecRef::Guard(i) => (&self.guards[i].0, self.guards[i].1),
+            SpecRef::Allow(i) => (&self.allowlist[i].0, self.allowlist[i].1),
         };
         let signals = self.signals.iter().map(|(_, _, name, spec)| (name.clone(), spec.clone())).collect();
-        let specs = self.rules.iter().map(|(_, _, spec)| spec.clone()).collect();
-        let (rules, rule_problems) = rules::compile(signals, specs, self.default.as_ref().map(|(_, d)| d.clone()));
+        let specs = |class: &[Located]| class.iter().map(|(_, _, spec)| spec.clone()).collect();
+        let classes =
+            RuleClasses { rules: specs(&self.rules), guards: specs(&self.guards), allowlist: specs(&self.allowlist) };
+        let (rules, rule_problems) = rules::compile(signals, classes, self.default.as_ref().map(|(_, d)| d.clone()));
         problems.extend(rule_problems.into_iter().map(|p| {
             let (file, line) = locate(p.at);
             PolicyProblem { file: file.clone(), line: Some(line), item: Some(p.item), message: p.message }
@@ -185,6 +208,7 @@ impl Merged {
                 cpu: self.cpu.map(|(_, c)| c).unwrap_or_default(),
                 gpu: self.gpu.map(|(_, g)| g).unwrap_or_default(),
                 prompt: self.prompt.map(|(_, p)| p),
+                safety: self.safety.map(|(_, s)| s).unwrap_or_default(),
                 rules,
             }),
             _ => Err(PolicyError(problems)),

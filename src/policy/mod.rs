@@ -16,7 +16,7 @@ pub mod watch;
 pub use crate::action::Action;
 pub use config::PoliciesConfig;
 pub use prompt::PromptSpec;
-pub use sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, UnknownSignal, WhenSaturated};
+pub use sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety, UnknownSignal, WhenSaturated};
 pub use store::{PolicyStore, ReloadStatus};
 
 use crate::complexity::ComplexitySpec;
@@ -89,6 +89,8 @@ pub struct Policy {
     pub gpu: GpuLimits,
     /// The prompt for an upstream gpu backend; required when one is configured.
     pub prompt: Option<PromptSpec>,
+    pub safety: Safety,
+    /// Signals, rules, guards and the allow-list, compiled.
     pub rules: RuleSet,
 }
 

@@ -126,3 +126,22 @@ impl Default for GpuLimits {
         GpuLimits { min_free_memory_mb: 1024, max_in_flight: 16, min_kv_cache_headroom: 0.05 }
     }
 }
+
+/// `[safety]`: how guard rules, the allow-list and rule failures act on a decision.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Safety {
+    /// The least action of a decision in which a rule, guard or allow-list entry failed to
+    /// evaluate (a type error, a feature of the wrong type): such a failure is never skipped in
+    /// silence. `allow` restores the old behaviour (count and ignore).
+    pub on_rule_error: Action,
+    /// Whether a matching `[[allowlist]]` entry may lower an action that a guard raised (it may
+    /// always lower the cascade's own action).
+    pub allowlist_overrides_guards: bool,
+}
+
+impl Default for Safety {
+    fn default() -> Self {
+        Safety { on_rule_error: Action::Review, allowlist_overrides_guards: false }
+    }
+}

@@ -9,11 +9,21 @@ use regex::Regex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Which spec a problem is in: an index into the `signals` or `rules` given to [`compile`].
+/// Which spec a problem is in: an index into the `signals` or a class of [`RuleClasses`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpecRef {
     Signal(usize),
     Rule(usize),
+    Guard(usize),
+    Allow(usize),
+}
+
+/// The three rule classes, as written.
+#[derive(Debug, Clone, Default)]
+pub struct RuleClasses {
+    pub rules: Vec<RuleSpec>,
+    pub guards: Vec<RuleSpec>,
+    pub allowlist: Vec<RuleSpec>,
 }
 
 /// One problem in a rule spec.
@@ -25,11 +35,11 @@ pub struct RuleProblem {
     pub message: String,
 }
 
-/// Compiles signals and rules. The set is `Some` only when there was no problem and a default
-/// verdict is given (a missing `[default]` is the caller's to report).
+/// Compiles signals and the three rule classes. The set is `Some` only when there was no
+/// problem and a default verdict is given (a missing `[default]` is the caller's to report).
 pub fn compile(
     signals: Vec<(String, SignalSpec)>,
-    rules: Vec<RuleSpec>,
+    classes: RuleClasses,
     default: Option<DefaultVerdict>,
 ) -> (Option<RuleSet>, Vec<RuleProblem>) {
     let env = Arc::new(Env::stdlib());
@@ -40,22 +50,42 @@ pub fn compile(
         .map(|(i, (name, spec))| compile_signal(i, name, &spec, &mut problems))
         .collect();
     let names: Vec<String> = signals.iter().map(|s| s.name.clone()).collect();
+    let mut class = |specs: Vec<RuleSpec>, at: fn(usize) -> SpecRef, what: &str| {
+        compile_class(&env, specs, &names, at, what, &mut problems)
+    };
+    let rules = class(classes.rules, SpecRef::Rule, "rule");
+    let guards = class(classes.guards, SpecRef::Guard, "guard");
+    let allowlist = class(classes.allowlist, SpecRef::Allow, "allowlist entry");
+    match default {
+        Some(default) if problems.is_empty() => {
+            (Some(RuleSet { env, signals, rules, guards, allowlist, default }), problems)
+        }
+        _ => (None, problems),
+    }
+}
+
+/// Compiles one class of rules; names must be unique within the class.
+fn compile_class(
+    env: &Arc<Env>,
+    specs: Vec<RuleSpec>,
+    signals: &[String],
+    at: fn(usize) -> SpecRef,
+    what: &str,
+    problems: &mut Vec<RuleProblem>,
+) -> Vec<Rule> {
     let mut compiled: Vec<Rule> = Vec::new();
-    for (i, spec) in rules.into_iter().enumerate() {
+    for (i, spec) in specs.into_iter().enumerate() {
         let mut report = |message: String| {
-            problems.push(RuleProblem { at: SpecRef::Rule(i), item: format!("rule `{}`", spec.name), message })
+            problems.push(RuleProblem { at: at(i), item: format!("{what} `{}`", spec.name), message })
         };
         if compiled.iter().any(|r| r.name == spec.name) {
-            report("duplicate rule name".into());
+            report(format!("duplicate {what} name"));
         }
-        if let Some(program) = compile_rule(&env, &spec, &names, &mut report) {
+        if let Some(program) = compile_rule(env, &spec, signals, &mut report) {
             compiled.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
         }
     }
-    match default {
-        Some(default) if problems.is_empty() => (Some(RuleSet { env, signals, rules: compiled, default }), problems),
-        _ => (None, problems),
-    }
+    compiled
 }
 
 fn compile_signal(i: usize, name: String, spec: &SignalSpec, problems: &mut Vec<RuleProblem>) -> Signal {

@@ -1,8 +1,15 @@
-//! The rules engine: named text signals (regex match counts) and CEL rules over them.
+//! The rules engine: named text signals (regex match counts) and CEL rules over them, in three
+//! classes:
 //!
-//! Rules decide when the models are unsure, overloaded, failing or out of time, so this
-//! stage never fails and never waits: a rule whose evaluation errors (a missing feature, a
-//! type mismatch) counts as not matching, and the error is reported with the verdict.
+//! - `[[rules]]` decide when the models are unsure, overloaded, failing or out of time, the
+//!   first match in order;
+//! - `[[guards]]` are evaluated on every request, whoever decided; the most severe match can only
+//!   raise the action (a hard rule a confident model cannot talk around);
+//! - `[[allowlist]]` entries, explicitly named, may lower an action where the policy says so.
+//!
+//! This stage never fails and never waits: a rule whose evaluation errors (a missing feature, a
+//! type mismatch) does not match, and the error is reported with the verdict so the caller can
+//! count it and apply the policy's `on_rule_error`.
 //!
 //! Variables a rule sees (CEL, <https://github.com/google/cel-spec>):
 //! - `signals`: map signal name -> int, the match count of every signal (zero included);
@@ -14,7 +21,7 @@
 mod compile;
 mod spec;
 
-pub use compile::{compile, RuleProblem, SpecRef};
+pub use compile::{compile, RuleClasses, RuleProblem, SpecRef};
 pub use spec::{DefaultVerdict, RuleSpec, SignalSpec};
 
 use crate::action::Action;
@@ -42,6 +49,8 @@ pub struct RuleSet {
     env: Arc<Env>,
     signals: Vec<Signal>,
     rules: Vec<Rule>,
+    guards: Vec<Rule>,
+    allowlist: Vec<Rule>,
     default: DefaultVerdict,
 }
 
@@ -80,6 +89,15 @@ pub struct RuleVerdict {
     /// Signals with at least one match.
     pub signals: BTreeMap<String, i64>,
     /// Rules whose evaluation failed, with the error (they count as not matching).
+    pub errors: Vec<(String, String)>,
+}
+
+/// What a guard or allow-list evaluation found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassVerdict {
+    /// The matching entry (for guards: the most severe, the first among equals): name, action, score.
+    pub matched: Option<(String, Action, f64)>,
+    /// Entries whose evaluation failed, with the error.
     pub errors: Vec<(String, String)>,
 }
 
@@ -123,8 +141,49 @@ impl RuleSet {
         }
     }
 
+    /// Every guard, on every request: the most severe match, which can only raise an action.
+    pub fn guard(&self, input: &RulesInput<'_>) -> ClassVerdict {
+        let ctx = context(&self.env, input);
+        let mut verdict = ClassVerdict::default();
+        for guard in &self.guards {
+            match guard.program.execute(&ctx) {
+                Ok(Value::Bool(true)) => {
+                    if verdict.matched.as_ref().is_none_or(|(_, action, _)| guard.action > *action) {
+                        verdict.matched = Some((guard.name.clone(), guard.action, guard.score));
+                    }
+                }
+                Ok(Value::Bool(false)) => {}
+                Ok(other) => verdict.errors.push((guard.name.clone(), format!("evaluated to {other:?}, not a bool"))),
+                Err(e) => verdict.errors.push((guard.name.clone(), e.to_string())),
+            }
+        }
+        verdict
+    }
+
+    /// The first allow-list entry that matches, if any.
+    pub fn allowlisted(&self, input: &RulesInput<'_>) -> ClassVerdict {
+        let ctx = context(&self.env, input);
+        let mut verdict = ClassVerdict::default();
+        for entry in &self.allowlist {
+            match entry.program.execute(&ctx) {
+                Ok(Value::Bool(true)) => {
+                    verdict.matched = Some((entry.name.clone(), entry.action, entry.score));
+                    break;
+                }
+                Ok(Value::Bool(false)) => {}
+                Ok(other) => verdict.errors.push((entry.name.clone(), format!("evaluated to {other:?}, not a bool"))),
+                Err(e) => verdict.errors.push((entry.name.clone(), e.to_string())),
+            }
+        }
+        verdict
+    }
+
     pub fn rule_count(&self) -> usize {
         self.rules.len()
+    }
+
+    pub fn guard_count(&self) -> usize {
+        self.guards.len()
     }
 }
 

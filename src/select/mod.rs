@@ -31,6 +31,8 @@ pub enum TierName {
     Cpu,
     Gpu,
     Rules,
+    /// Guard rules and the allow-list, evaluated on every request after the cascade.
+    Guard,
 }
 
 impl TierName {
@@ -39,6 +41,7 @@ impl TierName {
             TierName::Cpu => "cpu",
             TierName::Gpu => "gpu",
             TierName::Rules => "rules",
+            TierName::Guard => "guard",
         }
     }
 }
@@ -69,6 +72,10 @@ pub enum Outcome {
     Matched,
     /// No rule matched; the policy's default decided.
     Default,
+    /// A guard rule raised the action.
+    Raised,
+    /// An allow-list entry lowered the action.
+    Lowered,
 }
 
 impl Outcome {
@@ -85,6 +92,8 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Matched => "matched",
             Outcome::Default => "default",
+            Outcome::Raised => "raised",
+            Outcome::Lowered => "lowered",
         }
     }
 }
@@ -205,7 +214,9 @@ pub fn gpu_left(tried: Tried, policy: &Policy, s: &SignalsSnapshot, remaining: D
 /// `gpu` is the gpu tier's eligibility now ([`gpu_left`]).
 pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu: &Result<(), Ineligible>) -> Next {
     let c = &policy.cascade;
-    let (outcome, reason) = if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
+    let (outcome, reason) = if let Some(why) = not_finite(v) {
+        (Outcome::Error, why)
+    } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
         (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
     } else if v.confidence < c.escalate_below() {
         (Outcome::LowConfidence, format!("confidence {:.3} below escalate_below {}", v.confidence, c.escalate_below()))
@@ -222,7 +233,7 @@ pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu
     };
     match blocked {
         None => Next::Escalate { outcome, reason },
-        Some(why) if outcome == Outcome::OutOfDistribution || v.confidence < c.accept_below => {
+        Some(why) if outcome != Outcome::LowConfidence || v.confidence < c.accept_below => {
             let reason = if outcome == Outcome::LowConfidence {
                 format!("confidence {:.3} below accept_below {}", v.confidence, c.accept_below)
             } else {
@@ -237,7 +248,9 @@ pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu
 /// After the gpu tier answered: accept, or hand over to rules.
 pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     let accept_below = policy.cascade.accept_below;
-    if v.confidence < accept_below {
+    if let Some(reason) = not_finite(v) {
+        Next::Rules { outcome: Outcome::Error, reason }
+    } else if v.confidence < accept_below {
         Next::Rules {
             outcome: Outcome::LowConfidence,
             reason: format!("confidence {:.3} below accept_below {accept_below}", v.confidence),
@@ -245,6 +258,13 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     } else {
         Next::Accept { note: None }
     }
+}
+
+/// Why a verdict cannot be judged at all: a non-finite score (NaN passes every `<` test, so it
+/// must never reach a threshold).
+fn not_finite(v: &ModelVerdict) -> Option<String> {
+    let finite = v.risk_score.is_finite() && v.confidence.is_finite() && v.ood_score.is_none_or(f64::is_finite);
+    (!finite).then(|| format!("non-finite score from the model (risk {}, confidence {})", v.risk_score, v.confidence))
 }
 
 /// After the `failed` model tier gave no verdict (and it was not an escalation): the other

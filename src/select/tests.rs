@@ -273,3 +273,19 @@ fn tier_errors_name_their_outcome() {
     assert_eq!(Outcome::from(&TierError::Inference("x".into())), Outcome::Error);
     assert_eq!(serde_json::to_value(Outcome::OutOfDistribution).unwrap(), "out_of_distribution");
 }
+
+#[test]
+fn a_non_finite_verdict_is_never_accepted() {
+    let p = policy("");
+    let mut nan = verdict(0.99, Some(0.5));
+    nan.confidence = f64::NAN;
+    nan.risk_score = f64::NAN;
+    // Not accepted, whether the gpu tier is there (escalate) or not (rules).
+    assert!(matches!(after_cpu(&nan, &complexity(0.2), &p, &Ok(())), Next::Escalate { outcome: Outcome::Error, .. }));
+    let none = Err(Ineligible::NotConfigured("none".into()));
+    assert!(matches!(after_cpu(&nan, &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Error, .. }));
+    assert!(matches!(after_gpu(&nan, &p), Next::Rules { outcome: Outcome::Error, .. }));
+    let mut inf_ood = verdict(0.99, Some(f64::INFINITY));
+    inf_ood.ood_score = Some(f64::NAN);
+    assert!(matches!(after_cpu(&inf_ood, &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Error, .. }));
+}

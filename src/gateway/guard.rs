@@ -1,0 +1,74 @@
+//! After the cascade, on every request: guard rules (the most severe match can only raise the
+//! action: a confident model cannot talk its way past a hard rule), the allow-list (lowers an
+//! action, a guard's only where `[safety] allowlist_overrides_guards` says so), and rule failures
+//! (never skipped in silence: the decision is at least `[safety] on_rule_error`). Each change is
+//! a step of the path, so the decision says which guard raised it.
+
+use crate::action::Action;
+use crate::decision::{Decision, Label, Outcome, Step, TierName};
+use crate::metrics::{Metrics, RuleLabels};
+use crate::policy::Policy;
+use crate::rules::{ClassVerdict, RulesInput};
+
+/// Applies guards, the allow-list and `on_rule_error` to a decision the cascade made.
+/// `input` is what the rules see, with the model view of the verdict that stood (if any).
+pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, metrics: Option<&Metrics>) {
+    let guard = policy.rules.guard(input);
+    count_errors(&guard, metrics);
+    let mut raised = false;
+    if let Some((name, action, score)) = guard.matched.filter(|(_, action, _)| *action > d.action) {
+        let reason = format!("guard raised {} to {}", d.action.as_str(), action.as_str());
+        d.path.push(step(Outcome::Raised, &name, Some(score), reason));
+        d.risk_score = d.risk_score.max(score);
+        d.label = Label::from_risk_score(d.risk_score);
+        d.confidence = None;
+        d.action = action;
+        d.tier = TierName::Guard;
+        d.rule = Some(name);
+        raised = true;
+    }
+    if let Some((name, error)) = guard.errors.first() {
+        at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
+    }
+    let allow = policy.rules.allowlisted(input);
+    count_errors(&allow, metrics);
+    if let Some((name, action, _)) = allow.matched.filter(|(_, action, _)| *action < d.action) {
+        if !raised || policy.safety.allowlist_overrides_guards {
+            let reason = format!("allow-list lowered {} to {}", d.action.as_str(), action.as_str());
+            d.path.push(step(Outcome::Lowered, &name, None, reason));
+            d.action = action;
+            d.tier = TierName::Guard;
+            d.rule = Some(name);
+        }
+    }
+    if let Some((name, error)) = allow.errors.first() {
+        at_least(d, policy.safety.on_rule_error, name, &format!("allow-list entry failed to evaluate: {error}"));
+    }
+}
+
+/// Raises the decision to `floor` because `rule` failed; the path says so.
+pub(super) fn at_least(d: &mut Decision, floor: Action, rule: &str, why: &str) {
+    if floor > d.action {
+        let reason = format!("{why}; on_rule_error raises {} to {}", d.action.as_str(), floor.as_str());
+        d.path.push(step(Outcome::Raised, rule, None, reason));
+        d.action = floor;
+        d.tier = TierName::Guard;
+        d.rule = Some(rule.to_string());
+    }
+}
+
+fn step(outcome: Outcome, rule: &str, risk_score: Option<f64>, reason: String) -> Step {
+    let mut s = Step::new(TierName::Guard, outcome, 0).reason(reason);
+    s.rule = Some(rule.to_string());
+    s.risk_score = risk_score;
+    s
+}
+
+/// Counts and logs entries that failed to evaluate.
+fn count_errors(verdict: &ClassVerdict, metrics: Option<&Metrics>) {
+    let Some(m) = metrics else { return };
+    for (rule, error) in &verdict.errors {
+        m.rule_errors.get_or_create(&RuleLabels { rule: rule.clone() }).inc();
+        tracing::warn!(%rule, %error, "rule evaluation failed");
+    }
+}

@@ -97,6 +97,8 @@ fn bench(c: &mut Criterion) {
         infer_us: 0,
         batch_size: 1,
         endpoint: None,
+        window: None,
+        unread: false,
     };
     c.bench_function("route/after_cpu", |b| b.iter(|| after_cpu(black_box(&verdict), &complexity, &policy, &Ok(()))));
 

@@ -43,6 +43,9 @@ pub struct Step {
     /// The upstream server that answered (gpu tier, upstream backend).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// For a text read in several windows, the one that decided (the riskiest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<crate::tier::WindowRef>,
     pub latency_us: u64,
 }
 
@@ -57,6 +60,7 @@ impl Step {
             reason: None,
             rule: None,
             endpoint: None,
+            window: None,
             latency_us,
         }
     }

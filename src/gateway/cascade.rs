@@ -17,11 +17,11 @@ use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
 use crate::signals::latency::LatencyTracker;
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
+use crate::tier::windows::Encoded;
 use crate::tier::{ModelVerdict, TierError};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokenizers::Encoding;
 use tokio::time::Instant;
 
 /// The tier verdicts a live run obtained, for replaying under a shadow policy.
@@ -62,12 +62,12 @@ impl Tiers<'_> {
     async fn cpu(
         &self,
         text: &Arc<str>,
-        encoding: Option<Encoding>,
+        encoded: Option<Encoded>,
         deadline: Instant,
     ) -> Result<ModelVerdict, TierError> {
         match self {
             Tiers::Live(live) => {
-                let r = live.cpu.classify(Arc::clone(text), encoding, deadline).await;
+                let r = live.cpu.classify(Arc::clone(text), encoded, deadline).await;
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
                 if let Ok(v) = &r {
                     // Routing's p95 is the tier's service time: the wait in its queue is gated
@@ -111,7 +111,7 @@ pub struct Rating {
     /// Match counts of every policy signal over the text.
     pub signals: BTreeMap<String, i64>,
     /// The cpu model's input, when rating tokenised the text (it travels with the cpu job).
-    pub encoding: Option<Encoding>,
+    pub encoded: Option<Encoded>,
 }
 
 /// Everything the cascade reads for one request.
@@ -151,7 +151,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
         escalated: None,
         tried: Tried::default(),
         complexity: rating.complexity,
-        encoding: rating.encoding,
+        encoded: rating.encoded,
     };
     let mut stage = start.stage;
     let decision = loop {
@@ -202,14 +202,14 @@ struct Run<'a> {
     tried: Tried,
     /// The rating's complexity, with the cpu tier's OOD score once known.
     complexity: Complexity,
-    encoding: Option<Encoding>,
+    encoded: Option<Encoded>,
 }
 
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         self.tried.cpu = true;
         let t = Instant::now();
-        let result = tiers.cpu(&x.req.text, self.encoding.take(), x.deadline()).await;
+        let result = tiers.cpu(&x.req.text, self.encoded.take(), x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
         let remaining = x.remaining();
@@ -286,6 +286,7 @@ impl Run<'_> {
         step.risk_score = Some(v.risk_score);
         step.ood_score = v.ood_score;
         step.endpoint = v.endpoint.clone();
+        step.window = v.window;
         let next = match next {
             Next::Accept { note } => {
                 step.reason = note;

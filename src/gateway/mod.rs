@@ -213,7 +213,7 @@ impl Gateway {
         stats.signal_hits = signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
         let complexity = complexity::rate(&stats, spec);
-        Rating { stats, complexity, signals, encoding: tokens.encoding }
+        Rating { stats, complexity, signals, encoded: tokens.encoded }
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.

@@ -70,6 +70,8 @@ fn verdict(risk_score: f64, ood: f64) -> ModelVerdict {
         infer_us: 0,
         batch_size: 1,
         endpoint: None,
+        window: None,
+        unread: false,
     }
 }
 
@@ -93,7 +95,7 @@ async fn decide(
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         signals: policy.rules.count_signals(text),
-        encoding: None,
+        encoded: None,
     };
     let recorded = Recorded { cpu, gpu: gpu_answer };
     let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
@@ -174,7 +176,7 @@ async fn saturated_tiers_shed_when_the_policy_says_so() {
         stats: TextStats::default(),
         complexity: Complexity { score: 0.1, contributions: BTreeMap::new() },
         signals: BTreeMap::new(),
-        encoding: None,
+        encoded: None,
     };
     let recorded = Recorded::default();
     let inputs = Inputs { policy: &p, req: &req, snapshot: &busy, started: Instant::now() };
@@ -219,7 +221,7 @@ async fn decide_with(
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         signals: policy.rules.count_signals(text),
-        encoding: None,
+        encoded: None,
     };
     let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None };
     let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };

@@ -56,6 +56,8 @@ pub enum Outcome {
     LowConfidence,
     /// A cpu verdict on text unlike the training data.
     OutOfDistribution,
+    /// The text ran past the model's windows: part of it was not read.
+    Unread,
     /// The deadline passed before the tier answered.
     Timeout,
     /// The tier's queue was full.
@@ -84,6 +86,7 @@ impl Outcome {
             Outcome::Accepted => "accepted",
             Outcome::LowConfidence => "low_confidence",
             Outcome::OutOfDistribution => "out_of_distribution",
+            Outcome::Unread => "unread",
             Outcome::Timeout => "timeout",
             Outcome::Shed => "shed",
             Outcome::Error => "error",
@@ -216,6 +219,9 @@ pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu
     let c = &policy.cascade;
     let (outcome, reason) = if let Some(why) = not_finite(v) {
         (Outcome::Error, why)
+    } else if v.unread {
+        let read = v.window.map_or(1, |w| w.of);
+        (Outcome::Unread, format!("text past the {read} window(s) the model reads was not read"))
     } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
         (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
     } else if v.confidence < c.escalate_below() {

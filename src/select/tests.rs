@@ -64,6 +64,8 @@ fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
         infer_us: 0,
         batch_size: 1,
         endpoint: None,
+        window: None,
+        unread: false,
     }
 }
 

@@ -30,6 +30,8 @@ pub struct ModelConfig {
     pub provider: Provider,
     /// CUDA device ordinal (provider `cuda`).
     pub device_id: i32,
+    /// How texts longer than the model's window are read.
+    pub windows: super::windows::Windows,
 }
 
 /// An ONNX Runtime execution provider.
@@ -56,6 +58,7 @@ impl Default for ModelConfig {
             queue_capacity: 256,
             provider: Provider::Cpu,
             device_id: 0,
+            windows: Default::default(),
         }
     }
 }

@@ -10,6 +10,7 @@ mod error;
 pub mod gpu;
 pub mod model;
 pub mod onnx;
+pub mod windows;
 
 pub use config::{GpuBackend, GpuConfig, ModelConfig, Provider};
 pub use error::TierError;
@@ -35,4 +36,16 @@ pub struct ModelVerdict {
     pub batch_size: usize,
     /// Which upstream endpoint answered (upstream backend only).
     pub endpoint: Option<String>,
+    /// For a text read in several windows: the one that decided (the riskiest).
+    pub window: Option<WindowRef>,
+    /// Text past the last window was not read (see `windows::Windows`).
+    pub unread: bool,
+}
+
+/// Which of a long text's windows decided, and how many were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WindowRef {
+    /// 0-based.
+    pub index: usize,
+    pub of: usize,
 }

@@ -11,6 +11,8 @@
 //!   split's distance to them.
 
 pub use super::config::Provider;
+use super::windows::{encode, Encoded, TokenCounter, Windows};
+use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
 use anyhow::{bail, Context as _};
 use ort::environment::Environment;
@@ -20,7 +22,7 @@ use ort::value::Tensor;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use tokenizers::{Encoding, Tokenizer, TruncationParams};
+use tokenizers::{Encoding, Tokenizer};
 
 /// `model.json`.
 #[derive(Debug, Clone, Deserialize)]
@@ -96,7 +98,9 @@ pub struct ModelInfo {
 #[derive(Clone)]
 pub struct ModelAssets {
     pub info: ModelInfo,
+    /// The model's tokenizer: windows of `max_seq_len` tokens (see [`Windows`]).
     tokenizer: Tokenizer,
+    windows: Windows,
     ood: OodScorer,
 }
 
@@ -146,10 +150,9 @@ impl ModelAssets {
         let tokenizer_path = dir.join(&manifest.tokenizer);
         let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", tokenizer_path.display()))?;
-        tokenizer
-            .with_truncation(Some(TruncationParams { max_length: manifest.max_seq_len, ..Default::default() }))
-            .map_err(|e| anyhow::anyhow!("setting truncation: {e}"))?;
         tokenizer.with_padding(None);
+        let windows = Windows::default();
+        windows.configure(&mut tokenizer, manifest.max_seq_len)?;
 
         let calibration_path = dir.join("calibration.json");
         let calibration: CalibrationFile = serde_json::from_slice(
@@ -180,14 +183,27 @@ impl ModelAssets {
                 onnx_path,
             },
             tokenizer,
+            windows,
             ood,
         })
+    }
+
+    /// Reads long texts in `windows` (the default: [`Windows::default`]).
+    pub fn with_windows(mut self, windows: Windows) -> anyhow::Result<ModelAssets> {
+        windows.configure(&mut self.tokenizer, self.info.max_seq_len)?;
+        self.windows = windows;
+        Ok(self)
     }
 
     /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
     /// are the model's own input.
     pub fn token_counter(&self) -> TokenCounter {
-        TokenCounter { tokenizer: self.tokenizer.clone(), max_seq_len: self.info.max_seq_len }
+        TokenCounter::new(self.tokenizer.clone(), self.info.max_seq_len, self.windows)
+    }
+
+    /// `text` as the model reads it (see [`super::windows::encode`]).
+    pub fn encode(&self, text: &str) -> anyhow::Result<Encoded> {
+        encode(&self.tokenizer, text, self.info.max_seq_len, self.windows)
     }
 
     /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`).
@@ -224,53 +240,6 @@ impl ModelAssets {
     }
 }
 
-/// Counts tokens with the model's own tokenizer, at a bounded cost, keeping the encoding so the
-/// model does not tokenise the same text again.
-#[derive(Clone)]
-pub struct TokenCounter {
-    /// The model's tokenizer, truncating at `max_seq_len`.
-    tokenizer: Tokenizer,
-    max_seq_len: usize,
-}
-
-/// Tokens counted for the complexity rater.
-#[derive(Debug, Clone)]
-pub struct Tokens {
-    /// Tokens in the text (with `[CLS]`/`[SEP]`), exact below `min(cap, max_seq_len)`; `cap`
-    /// means "`cap` or more".
-    pub count: usize,
-    /// The model's input for this text, when counting made it (see [`TokenCounter::count`]).
-    pub encoding: Option<Encoding>,
-}
-
-impl TokenCounter {
-    /// Counts the tokens of `text` up to `cap`.
-    ///
-    /// The cost is bounded whatever the text's length (the complexity rater calls this on the
-    /// request path): every whitespace-separated word is at least one WordPiece token, so a text
-    /// of `cap` words is at `cap` without tokenising (and the model tokenises it later). Otherwise
-    /// the text is encoded exactly as [`Classifier::encode`] does, and the encoding travels to the
-    /// model with the request, so no text is tokenised twice.
-    pub fn count(&self, text: &str, cap: usize) -> Tokens {
-        if text.split_whitespace().take(cap).count() >= cap {
-            return Tokens { count: cap, encoding: None };
-        }
-        let head = prefix(text, model_bytes(self.max_seq_len));
-        let Ok(encoding) = self.tokenizer.encode_fast(head, true) else {
-            return Tokens { count: 0, encoding: None };
-        };
-        let cut = head.len() < text.len() || encoding.len() >= self.max_seq_len;
-        let count = if cut { cap } else { encoding.len().min(cap) };
-        Tokens { count, encoding: Some(encoding) }
-    }
-}
-
-/// Tokens past `max_seq_len` are cut anyway; a WordPiece token is rarely longer than 16 bytes,
-/// so cutting the text first spares tokenising up to `max_text_bytes` for nothing.
-fn model_bytes(max_seq_len: usize) -> usize {
-    max_seq_len * 16
-}
-
 /// The model, ready to run on the calling thread (blocking).
 pub struct Classifier {
     assets: ModelAssets,
@@ -285,6 +254,21 @@ pub struct Output {
     pub confidence: f64,
     pub ood_score: f64,
     pub tokens: usize,
+    /// For a text read in several windows: the one that decided (the riskiest).
+    pub window: Option<WindowRef>,
+    /// Text past the last window was not read.
+    pub unread: bool,
+}
+
+/// A text's output: its riskiest window's, named when there were several.
+fn riskiest(windows: &[Output], unread: bool) -> Output {
+    let (index, best) = windows
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.risk_score.total_cmp(&b.1.risk_score))
+        .expect("every encoded text has at least one window");
+    let of = windows.len();
+    Output { window: (of > 1).then_some(WindowRef { index, of }), unread, ..*best }
 }
 
 impl Classifier {
@@ -292,16 +276,30 @@ impl Classifier {
         &self.assets.info
     }
 
-    /// The model's input for `text`: its first `max_seq_len` tokens, `[SEP]` kept last.
-    pub fn encode(&self, text: &str) -> anyhow::Result<Encoding> {
-        let head = prefix(text, model_bytes(self.assets.info.max_seq_len));
-        self.assets.tokenizer.encode_fast(head, true).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))
+    /// `text` as the model reads it: windows of `max_seq_len` tokens.
+    pub fn encode(&self, text: &str) -> anyhow::Result<Encoded> {
+        self.assets.encode(text)
     }
 
-    /// Tokenises and classifies a batch (see [`Classifier::run`]).
+    /// Tokenises and classifies a batch of texts: for each, the riskiest of its windows.
     pub fn classify(&mut self, texts: &[&str]) -> anyhow::Result<Vec<Output>> {
-        let encodings = texts.iter().map(|t| self.encode(t)).collect::<anyhow::Result<Vec<_>>>()?;
-        self.run(&encodings)
+        let encoded = texts.iter().map(|t| self.encode(t)).collect::<anyhow::Result<Vec<_>>>()?;
+        self.classify_encoded(&encoded)
+    }
+
+    /// Classifies encoded texts, all their windows in one run: for each, the riskiest window.
+    pub fn classify_encoded(&mut self, texts: &[Encoded]) -> anyhow::Result<Vec<Output>> {
+        let windows: Vec<Encoding> = texts.iter().flat_map(|t| t.windows.iter().cloned()).collect();
+        let outputs = self.run(&windows)?;
+        let mut rest = outputs.as_slice();
+        Ok(texts
+            .iter()
+            .map(|t| {
+                let (mine, tail) = rest.split_at(t.windows.len());
+                rest = tail;
+                riskiest(mine, t.unread)
+            })
+            .collect())
     }
 
     /// Classifies a batch of encodings, padding to the longest sequence in the batch (not to
@@ -347,27 +345,17 @@ impl Classifier {
                     confidence: p[0].max(p[1]),
                     ood_score: self.assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
                     tokens: encodings[i].get_ids().len(),
+                    window: None,
+                    unread: false,
                 }
             })
             .collect())
     }
 }
 
-/// The longest prefix of `text` of at most `max_bytes` bytes that ends on a char boundary.
-pub(crate) fn prefix(text: &str, max_bytes: usize) -> &str {
-    if text.len() <= max_bytes {
-        return text;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{ecdf, prefix};
+    use super::ecdf;
 
     #[test]
     fn ecdf_interpolates_between_quantiles() {
@@ -377,13 +365,5 @@ mod tests {
         assert!((ecdf(&q, 0.3) - 0.625).abs() < 1e-12);
         assert_eq!(ecdf(&q, 1.0), 1.0);
         assert_eq!(ecdf(&q, 2.0), 1.0);
-    }
-
-    #[test]
-    fn prefix_respects_char_boundaries() {
-        assert_eq!(prefix("hello", 10), "hello");
-        assert_eq!(prefix("hello", 3), "hel");
-        assert_eq!(prefix("héllo", 2), "h", "é is two bytes");
-        assert_eq!(prefix("日本", 4), "日");
     }
 }

@@ -9,7 +9,8 @@
 //! most `max_queue_delay_us` after the first for more to join; a batch is padded to its longest
 //! sequence, not to the model's maximum.
 
-use super::model::{ModelAssets, ModelInfo, SessionOptions, TokenCounter, Tokens};
+use super::model::{ModelAssets, ModelInfo, SessionOptions};
+use super::windows::{Encoded, TokenCounter, Tokens};
 use super::ModelConfig;
 use super::ModelVerdict;
 use crate::tier::TierError;
@@ -18,13 +19,12 @@ use ort::environment::Environment;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokenizers::Encoding;
 use tokio::sync::oneshot;
 
 struct Job {
     text: Arc<str>,
     /// The model's input when the complexity rater already made it (tokenised once).
-    encoding: Option<Encoding>,
+    encoded: Option<Encoded>,
     enqueued: Instant,
     deadline: Instant,
     reply: oneshot::Sender<Result<ModelVerdict, TierError>>,
@@ -52,7 +52,7 @@ impl Drop for AliveGuard {
 impl OnnxPool {
     /// Loads the model from `config.dir` and starts `config.sessions` workers named `{name}-{i}`.
     pub fn start(env: &Environment, config: &ModelConfig, name: &str) -> anyhow::Result<OnnxPool> {
-        let assets = ModelAssets::load(&config.dir)?;
+        let assets = ModelAssets::load(&config.dir)?.with_windows(config.windows)?;
         let options = SessionOptions::from(config);
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -108,12 +108,12 @@ impl OnnxPool {
     pub async fn classify(
         &self,
         text: Arc<str>,
-        encoding: Option<Encoding>,
+        encoded: Option<Encoded>,
         deadline: tokio::time::Instant,
     ) -> Result<ModelVerdict, TierError> {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
-        let job = Job { text, encoding, enqueued, deadline: deadline.into_std(), reply };
+        let job = Job { text, encoded, enqueued, deadline: deadline.into_std(), reply };
         self.tx.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => TierError::Overloaded { capacity: self.capacity },
             TrySendError::Disconnected(_) => TierError::Unavailable("inference workers have stopped".into()),
@@ -172,7 +172,7 @@ fn worker(
         let mut ready = Vec::with_capacity(live.len());
         let mut encodings = Vec::with_capacity(live.len());
         for mut job in live {
-            match job.encoding.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
+            match job.encoded.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
                 Ok(e) => {
                     encodings.push(e);
                     ready.push(job);
@@ -184,7 +184,7 @@ fn worker(
             }
         }
         let live = ready;
-        let result = classifier.run(&encodings);
+        let result = classifier.classify_encoded(&encodings);
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();
@@ -200,6 +200,8 @@ fn worker(
                         infer_us,
                         batch_size,
                         endpoint: None,
+                        window: out.window,
+                        unread: out.unread,
                     }));
                 }
             }

@@ -334,6 +334,8 @@ impl UpstreamPool {
                     queue_us: 0,
                     infer_us: elapsed.as_micros() as u64,
                     batch_size: 1,
+                    window: None,
+                    unread: false,
                     endpoint: Some(pick.url().to_string()),
                 })
             }

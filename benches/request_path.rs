@@ -40,6 +40,8 @@ fn bench(c: &mut Criterion) {
                 let signals = policy.rules.count_signals(black_box(text));
                 policy.rules.evaluate(&RulesInput {
                     text,
+                    lang: "eng",
+                    obfuscation: &Default::default(),
                     signals: &signals,
                     features: &features,
                     tenant: Some("acme"),
@@ -100,7 +102,11 @@ fn bench(c: &mut Criterion) {
         window: None,
         unread: false,
     };
-    c.bench_function("route/after_cpu", |b| b.iter(|| after_cpu(black_box(&verdict), &complexity, &policy, &Ok(()))));
+    let english =
+        tiergate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true };
+    c.bench_function("route/after_cpu", |b| {
+        b.iter(|| after_cpu(black_box(&verdict), &english, &complexity, &policy, &Ok(())))
+    });
 
     // The whole request path without the model, as the gateway runs it: validate the body,
     // rate complexity (text scan, tokens, signal hits), choose the starting tier, then judge
@@ -116,7 +122,7 @@ fn bench(c: &mut Criterion) {
                 stats.features = req.features.len();
                 let complexity = rate(&stats, spec);
                 let s = start(&complexity, &policy, &snapshot, req.deadline);
-                (s, after_cpu(&verdict, &complexity, &policy, &Ok(())))
+                (s, after_cpu(&verdict, &english, &complexity, &policy, &Ok(())))
             })
         });
     }

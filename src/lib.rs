@@ -26,6 +26,7 @@ pub mod request;
 pub mod rules;
 pub mod select;
 pub mod signals;
+pub mod text;
 pub mod tier;
 pub mod web;
 

@@ -15,6 +15,7 @@ use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
 use crate::signals::latency::LatencyTracker;
+use crate::text::{Language, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Encoded;
@@ -103,9 +104,16 @@ impl Tiers<'_> {
     }
 }
 
-/// How hard a request is, measured once before the cascade.
+/// What the gateway measured of a request once before the cascade: its canonical text and
+/// language, and how hard it is.
 #[derive(Debug, Clone)]
 pub struct Rating {
+    /// The canonical text the models and rules read (the request's own `text` is kept for the
+    /// app and the audit).
+    pub text: Arc<str>,
+    pub lang: Language,
+    /// What canonicalisation undid.
+    pub obfuscation: TextSignals,
     pub stats: TextStats,
     pub complexity: Complexity,
     /// Match counts of every policy signal over the text.
@@ -141,7 +149,8 @@ enum Then {
 }
 
 /// Runs the cascade: start where routing says, then stage after stage until a verdict stands
-/// or rules decide. Errors only with `Shed` (both model tiers saturated, policy says shed).
+/// or rules decide; then the guards. Errors only with `Shed` (both model tiers saturated,
+/// policy says shed).
 pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(Decision, Option<Explain>), ApiError> {
     let start = select::start(&rating.complexity, x.policy, x.snapshot, x.req.deadline);
     let mut run = Run {
@@ -150,11 +159,10 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
         model: None,
         escalated: None,
         tried: Tried::default(),
-        complexity: rating.complexity,
-        encoded: rating.encoded,
+        rating,
     };
     let mut stage = start.stage;
-    let decision = loop {
+    let mut decision = loop {
         let then = match stage {
             Stage::Shed => {
                 if let Some(m) = run.metrics {
@@ -165,25 +173,17 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
             }
             Stage::Cpu => run.cpu(x, tiers).await,
             Stage::Gpu => run.gpu(x, tiers).await,
-            Stage::Rules => break run.rules(x, &start, &rating.signals, tiers),
+            Stage::Rules => break run.rules(x, &start, tiers),
         };
         stage = match then {
             Then::Decide(tier, v) => break run.decide(tier, &v, x.policy),
             Then::Stage(next) => next,
         };
     };
-    let mut decision = decision;
-    let input = RulesInput {
-        text: &x.req.text,
-        signals: &rating.signals,
-        features: &x.req.features,
-        tenant: x.req.tenant.as_deref(),
-        model: run.model,
-    };
-    super::guard::apply(&mut decision, x.policy, &input, run.metrics);
+    super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
     let explain = x.req.explain.then(|| Explain {
-        complexity: run.complexity,
-        stats: rating.stats,
+        complexity: run.rating.complexity,
+        stats: run.rating.stats,
         signals: x.snapshot.clone(),
         start,
     });
@@ -195,21 +195,22 @@ struct Run<'a> {
     /// Where to count escalations and fallbacks: live runs only.
     metrics: Option<&'a Metrics>,
     path: Vec<Step>,
-    /// The last unsure model verdict, for the rules to see.
+    /// The model verdict the rules and guards see: the unsure one that handed over, or the one
+    /// that stands.
     model: Option<ModelView>,
     /// The cpu verdict an escalation to the gpu tier started from.
     escalated: Option<ModelVerdict>,
     tried: Tried,
-    /// The rating's complexity, with the cpu tier's OOD score once known.
-    complexity: Complexity,
-    encoded: Option<Encoded>,
+    /// The rating; its complexity gains the cpu tier's OOD score once known, and its encoding
+    /// goes to the cpu tier.
+    rating: Rating,
 }
 
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         self.tried.cpu = true;
         let t = Instant::now();
-        let result = tiers.cpu(&x.req.text, self.encoded.take(), x.deadline()).await;
+        let result = tiers.cpu(&self.rating.text, self.rating.encoded.take(), x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
         let remaining = x.remaining();
@@ -226,10 +227,15 @@ impl Run<'_> {
             }
         };
         if let Some(ood) = v.ood_score {
-            self.complexity = self.complexity.with_ood(&x.policy.complexity, ood);
+            self.rating.complexity = self.rating.complexity.with_ood(&x.policy.complexity, ood);
         }
         let gpu = select::gpu_left(self.tried, x.policy, x.snapshot, remaining);
-        match self.model_step(TierName::Cpu, &v, us, select::after_cpu(&v, &self.complexity, x.policy, &gpu)) {
+        match self.model_step(
+            TierName::Cpu,
+            &v,
+            us,
+            select::after_cpu(&v, &self.rating.lang, &self.rating.complexity, x.policy, &gpu),
+        ) {
             None => Then::Decide(TierName::Cpu, v),
             Some(Stage::Rules) => {
                 if let (false, Err(why)) = (self.tried.gpu, gpu) {
@@ -244,7 +250,7 @@ impl Run<'_> {
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         self.tried.gpu = true;
         let t = Instant::now();
-        let result = tiers.gpu(x.policy, &x.req.text, x.deadline()).await;
+        let result = tiers.gpu(x.policy, &self.rating.text, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Gpu, us);
         match (result, self.escalated.take()) {
@@ -254,7 +260,13 @@ impl Run<'_> {
             },
             (Err(e), Some(cpu)) => {
                 self.record_failure(TierName::Gpu, &e, us);
-                match select::after_failed_escalation(&cpu, &self.complexity, x.policy, Outcome::from(&e)) {
+                match select::after_failed_escalation(
+                    &cpu,
+                    &self.rating.lang,
+                    &self.rating.complexity,
+                    x.policy,
+                    Outcome::from(&e),
+                ) {
                     Next::Accept { note } => {
                         let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
                         step.confidence = Some(cpu.confidence);
@@ -306,7 +318,8 @@ impl Run<'_> {
                 Some(Stage::Rules)
             }
         };
-        if next.is_some() {
+        // A model reading a language it was not trained on has no view worth showing the rules.
+        if next.is_some() && step.outcome != Outcome::Language {
             self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
         }
         self.path.push(step);
@@ -341,20 +354,28 @@ impl Run<'_> {
         decision(tier, v.risk_score, Some(v.confidence), action, std::mem::take(&mut self.path))
     }
 
+    /// What the rules and guards see: the canonical text and its facts, the request's features
+    /// and tenant, the model view.
+    fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
+        RulesInput {
+            text: &self.rating.text,
+            lang: self.rating.lang.code,
+            obfuscation: &self.rating.obfuscation,
+            signals: &self.rating.signals,
+            features: &x.req.features,
+            tenant: x.req.tenant.as_deref(),
+            model: self.model,
+        }
+    }
+
     /// The rules stage: never fails, never waits. A rule that errors is counted and logged.
-    fn rules(&mut self, x: &Inputs<'_>, start: &Start, signals: &BTreeMap<String, i64>, tiers: &Tiers<'_>) -> Decision {
+    fn rules(&mut self, x: &Inputs<'_>, start: &Start, tiers: &Tiers<'_>) -> Decision {
         if self.path.is_empty() {
             // Neither model tier was tried: say why.
             self.path.push(Step::new(TierName::Cpu, Outcome::Skipped, 0).reason(start.reason.clone()));
         }
         let t = Instant::now();
-        let verdict = x.policy.rules.evaluate(&RulesInput {
-            text: &x.req.text,
-            signals,
-            features: &x.req.features,
-            tenant: x.req.tenant.as_deref(),
-            model: self.model,
-        });
+        let verdict = x.policy.rules.evaluate(&self.rules_input(x));
         let us = t.elapsed().as_micros() as u64;
         if let Some(m) = self.metrics {
             for (rule, error) in &verdict.errors {

@@ -28,6 +28,7 @@ use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::latency::LatencyTracker;
 use crate::signals::{Readings, SignalsHub};
+use crate::text;
 use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::{Backend, GpuTier};
 use crate::tier::onnx::OnnxPool;
@@ -202,18 +203,23 @@ impl Gateway {
         })
     }
 
-    /// Complexity of a request: cheap text statistics, tokens from the real tokenizer (kept for
-    /// the cpu tier), signal hits from the policy, and the number of request features.
+    /// What the cascade reads of a request: the canonical text (look-alike letters folded,
+    /// invisible characters out, entities decoded, defanged links restored) and its language,
+    /// then the complexity: cheap text statistics, tokens from the real tokenizer (kept for the
+    /// cpu tier), signal hits from the policy, and the number of request features.
     fn rate(&self, policy: &Policy, req: &ClassifyRequest) -> Rating {
+        let canonical = text::canonicalize(&req.text);
+        let text: Arc<str> = if canonical.signals.changed { Arc::from(canonical.text) } else { Arc::clone(&req.text) };
+        let lang = text::detect(&text);
         let spec = &policy.complexity;
-        let signals = policy.rules.count_signals(&req.text);
-        let tokens = self.cpu.tokens(&req.text, spec.tokens_full);
-        let mut stats = complexity::scan(&req.text);
+        let signals = policy.rules.count_signals(&text);
+        let tokens = self.cpu.tokens(&text, spec.tokens_full);
+        let mut stats = complexity::scan(&text);
         stats.tokens = tokens.count;
         stats.signal_hits = signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
         let complexity = complexity::rate(&stats, spec);
-        Rating { stats, complexity, signals, encoded: tokens.encoded }
+        Rating { text, lang, obfuscation: canonical.signals, stats, complexity, signals, encoded: tokens.encoded }
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.

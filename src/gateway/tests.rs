@@ -92,6 +92,9 @@ async fn decide(
     .unwrap();
     let snapshot = snapshot(gpu);
     let rating = Rating {
+        text: req.text.clone(),
+        lang: english(),
+        obfuscation: Default::default(),
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         signals: policy.rules.count_signals(text),
@@ -100,6 +103,10 @@ async fn decide(
     let recorded = Recorded { cpu, gpu: gpu_answer };
     let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
     cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
+}
+
+fn english() -> crate::text::Language {
+    crate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true }
 }
 
 fn path(d: &Decision) -> Vec<(TierName, Outcome)> {
@@ -173,6 +180,9 @@ async fn saturated_tiers_shed_when_the_policy_says_so() {
         ClassifyRequest::new("x".into(), Default::default(), None, Duration::from_millis(50), &ServerConfig::default())
             .unwrap();
     let rating = Rating {
+        text: req.text.clone(),
+        lang: english(),
+        obfuscation: Default::default(),
         stats: TextStats::default(),
         complexity: Complexity { score: 0.1, contributions: BTreeMap::new() },
         signals: BTreeMap::new(),
@@ -218,6 +228,9 @@ async fn decide_with(
             .unwrap();
     let snapshot = snapshot(false);
     let rating = Rating {
+        text: req.text.clone(),
+        lang: english(),
+        obfuscation: Default::default(),
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         signals: policy.rules.count_signals(text),

@@ -39,6 +39,15 @@ pub struct Cascade {
     /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its
     /// confidence: it escalates to the gpu tier when eligible, else goes to rules.
     pub ood_above: f64,
+    /// Languages (ISO 639-3) the cpu model was trained on: a text reliably detected in another
+    /// language, or mostly in a non-Latin script, never gets a cpu verdict; it goes on like
+    /// out-of-distribution text.
+    #[serde(default = "english")]
+    pub model_languages: Vec<String>,
+}
+
+fn english() -> Vec<String> {
+    vec!["eng".into()]
 }
 
 impl Cascade {

@@ -4,6 +4,7 @@
 
 use super::spec::{DefaultVerdict, RuleSpec, SignalSpec};
 use super::{context, Rule, RuleSet, RulesInput, Signal};
+use crate::text::TextSignals;
 use cel::{Env, Program, Value};
 use regex::Regex;
 use std::collections::BTreeMap;
@@ -128,7 +129,7 @@ fn compile_rule(
         report(message)
     };
     for var in program.references().variables() {
-        if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "model") {
+        if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model") {
             problem(format!("unknown variable `{var}`"));
         }
     }
@@ -151,7 +152,16 @@ fn compile_rule(
 fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<String> {
     let zeros: BTreeMap<String, i64> = signals.iter().map(|n| (n.clone(), 0)).collect();
     let no_features = serde_json::Map::new();
-    let input = RulesInput { text: "", signals: &zeros, features: &no_features, tenant: None, model: None };
+    let none = TextSignals::default();
+    let input = RulesInput {
+        text: "",
+        lang: "und",
+        obfuscation: &none,
+        signals: &zeros,
+        features: &no_features,
+        tenant: None,
+        model: None,
+    };
     match program.execute(&context(env, &input)) {
         Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => None,
         Ok(other) => Some(format!("`when` must evaluate to a bool, got {other:?}")),

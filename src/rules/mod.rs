@@ -15,6 +15,9 @@
 //! - `signals`: map signal name -> int, the match count of every signal (zero included);
 //! - `features`: the request's `features` object (JSON numbers: integers as `int`, others `double`);
 //! - `tenant`: string (`""` when absent); `text_len`: int, bytes;
+//! - `lang`: the text's language, ISO 639-3 (`"eng"`, `"fra"`, ...), `"und"` when unsure;
+//! - `obfuscation`: map of what canonicalisation undid (int counts): `invisible_chars`,
+//!   `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`;
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
 
@@ -25,6 +28,7 @@ pub use compile::{compile, RuleClasses, RuleProblem, SpecRef};
 pub use spec::{DefaultVerdict, RuleSpec, SignalSpec};
 
 use crate::action::Action;
+use crate::text::TextSignals;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
 use regex::Regex;
@@ -71,7 +75,12 @@ pub struct ModelView {
 
 /// What the rules see of one request.
 pub struct RulesInput<'a> {
+    /// The canonical text (see [`crate::text::canonicalize`]).
     pub text: &'a str,
+    /// ISO 639-3, or "und".
+    pub lang: &'a str,
+    /// What canonicalisation undid.
+    pub obfuscation: &'a TextSignals,
     /// Match counts of every signal over `text` ([`RuleSet::count_signals`], computed once per request).
     pub signals: &'a BTreeMap<String, i64>,
     pub features: &'a serde_json::Map<String, serde_json::Value>,
@@ -196,6 +205,17 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
     ctx.add_variable_from_value("features", json_object_to_cel(input.features));
     ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
     ctx.add_variable_from_value("text_len", Value::Int(input.text.len() as i64));
+    ctx.add_variable_from_value("lang", Value::from(input.lang));
+    let o = input.obfuscation;
+    let counts = [
+        ("invisible_chars", o.invisible_chars),
+        ("mixed_script_words", o.mixed_script_words),
+        ("confusable_chars", o.confusable_chars),
+        ("defanged_links", o.defanged_links),
+        ("html_entities", o.html_entities),
+    ];
+    let counts: HashMap<Key, Value> = counts.iter().map(|(k, v)| (Key::from(*k), Value::Int(*v as i64))).collect();
+    ctx.add_variable_from_value("obfuscation", Value::Map(Map { map: Arc::new(counts) }));
     let mut model: HashMap<Key, Value> = HashMap::new();
     model.insert(Key::from("available"), Value::Bool(input.model.is_some()));
     if let Some(m) = input.model {
@@ -257,7 +277,17 @@ mod tests {
     fn eval(p: &Policy, text: &str, features: serde_json::Value, model: Option<ModelView>) -> RuleVerdict {
         let features = features.as_object().cloned().unwrap_or_default();
         let signals = p.rules.count_signals(text);
-        p.rules.evaluate(&RulesInput { text, signals: &signals, features: &features, tenant: Some("acme"), model })
+        let obfuscation = Default::default();
+        let input = RulesInput {
+            text,
+            lang: "eng",
+            obfuscation: &obfuscation,
+            signals: &signals,
+            features: &features,
+            tenant: Some("acme"),
+            model,
+        };
+        p.rules.evaluate(&input)
     }
 
     const RULES: &str = r#"

@@ -20,6 +20,7 @@ pub use signals::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
 
 use crate::complexity::Complexity;
 use crate::policy::{Policy, WhenSaturated};
+use crate::text::Language;
 use crate::tier::{ModelVerdict, TierError};
 use serde::Serialize;
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub enum Outcome {
     OutOfDistribution,
     /// The text ran past the model's windows: part of it was not read.
     Unread,
+    /// The text is in a language the model was not trained on (`[cascade] model_languages`).
+    Language,
     /// The deadline passed before the tier answered.
     Timeout,
     /// The tier's queue was full.
@@ -87,6 +90,7 @@ impl Outcome {
             Outcome::LowConfidence => "low_confidence",
             Outcome::OutOfDistribution => "out_of_distribution",
             Outcome::Unread => "unread",
+            Outcome::Language => "language",
             Outcome::Timeout => "timeout",
             Outcome::Shed => "shed",
             Outcome::Error => "error",
@@ -214,11 +218,19 @@ pub fn gpu_left(tried: Tried, policy: &Policy, s: &SignalsSnapshot, remaining: D
 }
 
 /// After the cpu tier answered: accept, escalate to the gpu tier, or hand over to rules.
-/// `gpu` is the gpu tier's eligibility now ([`gpu_left`]).
-pub fn after_cpu(v: &ModelVerdict, complexity: &Complexity, policy: &Policy, gpu: &Result<(), Ineligible>) -> Next {
+/// `gpu` is the gpu tier's eligibility now ([`gpu_left`]); `lang` the text's language.
+pub fn after_cpu(
+    v: &ModelVerdict,
+    lang: &Language,
+    complexity: &Complexity,
+    policy: &Policy,
+    gpu: &Result<(), Ineligible>,
+) -> Next {
     let c = &policy.cascade;
     let (outcome, reason) = if let Some(why) = not_finite(v) {
         (Outcome::Error, why)
+    } else if let Some(why) = foreign(lang, policy) {
+        (Outcome::Language, why)
     } else if v.unread {
         let read = v.window.map_or(1, |w| w.of);
         (Outcome::Unread, format!("text past the {read} window(s) the model reads was not read"))
@@ -266,6 +278,18 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     }
 }
 
+/// Why the cpu model cannot judge a text in this language: a reliably detected language, or a
+/// main script other than Latin, outside `[cascade] model_languages`.
+pub fn foreign(lang: &Language, policy: &Policy) -> Option<String> {
+    let known = &policy.cascade.model_languages;
+    if lang.reliable && !known.iter().any(|k| k == lang.code) {
+        return Some(format!("language {} is not one the model was trained on ({})", lang.code, known.join(", ")));
+    }
+    let script = lang.script;
+    (!matches!(script, "Latn" | "Zzzz"))
+        .then(|| format!("{script} script: not a language the model was trained on ({})", known.join(", ")))
+}
+
 /// Why a verdict cannot be judged at all: a non-finite score (NaN passes every `<` test, so it
 /// must never reach a threshold).
 fn not_finite(v: &ModelVerdict) -> Option<String> {
@@ -289,8 +313,14 @@ pub fn after_failure(failed: TierName, tried: Tried, other: Result<(), Ineligibl
 
 /// An escalation to the gpu tier failed with `outcome`: the cpu verdict stands if it would have
 /// stood without a gpu tier (`Accept`), else rules decide.
-pub fn after_failed_escalation(cpu: &ModelVerdict, complexity: &Complexity, policy: &Policy, outcome: Outcome) -> Next {
-    after_cpu(cpu, complexity, policy, &Err(Ineligible::Failed(outcome)))
+pub fn after_failed_escalation(
+    cpu: &ModelVerdict,
+    lang: &Language,
+    complexity: &Complexity,
+    policy: &Policy,
+    outcome: Outcome,
+) -> Next {
+    after_cpu(cpu, lang, complexity, policy, &Err(Ineligible::Failed(outcome)))
 }
 
 #[cfg(test)]

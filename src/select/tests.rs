@@ -3,6 +3,7 @@
 use super::*;
 use crate::complexity::Complexity;
 use crate::policy::Policy;
+use crate::text::Language;
 use crate::tier::breaker::CircuitState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,11 @@ fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
         window: None,
         unread: false,
     }
+}
+
+/// An English text, as `text::detect` reports one.
+fn en() -> Language {
+    Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true }
 }
 
 const PLENTY: Duration = Duration::from_millis(200);
@@ -169,20 +175,20 @@ fn cpu_deadline_is_compared_with_its_p95() {
 #[test]
 fn confident_cpu_verdict_is_accepted() {
     let p = policy("");
-    assert_eq!(after_cpu(&verdict(0.95, Some(0.5)), &complexity(0.2), &p, &Ok(())), Next::Accept { note: None });
+    assert_eq!(after_cpu(&verdict(0.95, Some(0.5)), &en(), &complexity(0.2), &p, &Ok(())), Next::Accept { note: None });
 }
 
 #[test]
 fn unsure_cpu_verdict_escalates_when_gpu_is_eligible() {
     let p = policy("");
-    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &Ok(())) {
+    match after_cpu(&verdict(0.8, Some(0.5)), &en(), &complexity(0.2), &p, &Ok(())) {
         Next::Escalate { outcome, reason } => {
             assert_eq!(outcome, Outcome::LowConfidence);
             assert_eq!(reason, "confidence 0.800 below escalate_below 0.9");
         }
         other => panic!("{other:?}"),
     }
-    match after_cpu(&verdict(0.99, Some(0.97)), &complexity(0.2), &p, &Ok(())) {
+    match after_cpu(&verdict(0.99, Some(0.97)), &en(), &complexity(0.2), &p, &Ok(())) {
         Next::Escalate { outcome, .. } => assert_eq!(outcome, Outcome::OutOfDistribution, "OOD beats confidence"),
         other => panic!("{other:?}"),
     }
@@ -192,18 +198,18 @@ fn unsure_cpu_verdict_escalates_when_gpu_is_eligible() {
 fn unsure_cpu_verdict_without_gpu_stands_or_goes_to_rules_by_accept_below() {
     let p = policy("");
     let no_gpu = Err(Ineligible::NotConfigured("no gpu tier configured".into()));
-    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
+    match after_cpu(&verdict(0.8, Some(0.5)), &en(), &complexity(0.2), &p, &no_gpu) {
         Next::Accept { note: Some(note) } => assert!(note.contains("not escalated: gpu ineligible"), "{note}"),
         other => panic!("{other:?}"),
     }
-    match after_cpu(&verdict(0.6, Some(0.5)), &complexity(0.2), &p, &no_gpu) {
+    match after_cpu(&verdict(0.6, Some(0.5)), &en(), &complexity(0.2), &p, &no_gpu) {
         Next::Rules { outcome, reason } => {
             assert_eq!(outcome, Outcome::LowConfidence);
             assert!(reason.starts_with("confidence 0.600 below accept_below 0.7"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
-    match after_cpu(&verdict(0.99, Some(0.99)), &complexity(0.2), &p, &no_gpu) {
+    match after_cpu(&verdict(0.99, Some(0.99)), &en(), &complexity(0.2), &p, &no_gpu) {
         Next::Rules { outcome, .. } => assert_eq!(outcome, Outcome::OutOfDistribution),
         other => panic!("{other:?}"),
     }
@@ -212,11 +218,11 @@ fn unsure_cpu_verdict_without_gpu_stands_or_goes_to_rules_by_accept_below() {
 #[test]
 fn escalation_needs_gpu_min_complexity() {
     let p = policy("[routing]\ngpu_min_complexity = 0.4\n");
-    match after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, &Ok(())) {
+    match after_cpu(&verdict(0.8, Some(0.5)), &en(), &complexity(0.2), &p, &Ok(())) {
         Next::Accept { note: Some(note) } => assert!(note.contains("below gpu_min_complexity 0.4"), "{note}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(after_cpu(&verdict(0.8, Some(0.5)), &complexity(0.5), &p, &Ok(())), Next::Escalate { .. }));
+    assert!(matches!(after_cpu(&verdict(0.8, Some(0.5)), &en(), &complexity(0.5), &p, &Ok(())), Next::Escalate { .. }));
 }
 
 #[test]
@@ -257,13 +263,13 @@ fn a_failed_tier_hands_over_to_the_other_model_tier_once() {
 fn a_failed_escalation_keeps_a_cpu_verdict_that_would_stand_alone() {
     let p = policy("");
     // 0.8 is below escalate_below 0.9 but above accept_below 0.7: it stands without the gpu tier.
-    match after_failed_escalation(&verdict(0.8, Some(0.5)), &complexity(0.2), &p, Outcome::Timeout) {
+    match after_failed_escalation(&verdict(0.8, Some(0.5)), &en(), &complexity(0.2), &p, Outcome::Timeout) {
         Next::Accept { note: Some(note) } => assert!(note.contains("gpu ineligible: gpu tier timeout"), "{note}"),
         other => panic!("{other:?}"),
     }
-    let rules = after_failed_escalation(&verdict(0.6, Some(0.5)), &complexity(0.2), &p, Outcome::Error);
+    let rules = after_failed_escalation(&verdict(0.6, Some(0.5)), &en(), &complexity(0.2), &p, Outcome::Error);
     assert!(matches!(rules, Next::Rules { outcome: Outcome::LowConfidence, .. }), "{rules:?}");
-    let ood = after_failed_escalation(&verdict(0.99, Some(0.99)), &complexity(0.2), &p, Outcome::Shed);
+    let ood = after_failed_escalation(&verdict(0.99, Some(0.99)), &en(), &complexity(0.2), &p, Outcome::Shed);
     assert!(matches!(ood, Next::Rules { outcome: Outcome::OutOfDistribution, .. }), "{ood:?}");
 }
 
@@ -283,11 +289,43 @@ fn a_non_finite_verdict_is_never_accepted() {
     nan.confidence = f64::NAN;
     nan.risk_score = f64::NAN;
     // Not accepted, whether the gpu tier is there (escalate) or not (rules).
-    assert!(matches!(after_cpu(&nan, &complexity(0.2), &p, &Ok(())), Next::Escalate { outcome: Outcome::Error, .. }));
+    assert!(matches!(
+        after_cpu(&nan, &en(), &complexity(0.2), &p, &Ok(())),
+        Next::Escalate { outcome: Outcome::Error, .. }
+    ));
     let none = Err(Ineligible::NotConfigured("none".into()));
-    assert!(matches!(after_cpu(&nan, &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Error, .. }));
+    assert!(matches!(after_cpu(&nan, &en(), &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Error, .. }));
     assert!(matches!(after_gpu(&nan, &p), Next::Rules { outcome: Outcome::Error, .. }));
     let mut inf_ood = verdict(0.99, Some(f64::INFINITY));
     inf_ood.ood_score = Some(f64::NAN);
-    assert!(matches!(after_cpu(&inf_ood, &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Error, .. }));
+    assert!(matches!(
+        after_cpu(&inf_ood, &en(), &complexity(0.2), &p, &none),
+        Next::Rules { outcome: Outcome::Error, .. }
+    ));
+}
+
+#[test]
+fn text_in_another_language_never_gets_a_cpu_verdict() {
+    let p = policy("");
+    let fr = Language { code: "fra", guess: "fra", script: "Latn", confidence: 0.9, reliable: true };
+    let none = Err(Ineligible::NotConfigured("none".into()));
+    match after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &p, &none) {
+        Next::Rules { outcome: Outcome::Language, reason } => assert!(reason.contains("language fra"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &p, &Ok(())), Next::Escalate { .. }));
+    // A short text with an unsure guess stays with the model; a non-Latin script does not.
+    let short = Language { code: "und", guess: "spa", script: "Latn", confidence: 0.2, reliable: false };
+    assert_eq!(after_cpu(&verdict(0.99, Some(0.5)), &short, &complexity(0.2), &p, &none), Next::Accept { note: None });
+    let cyrillic = Language { code: "und", guess: "rus", script: "Cyrl", confidence: 0.3, reliable: false };
+    assert!(matches!(
+        after_cpu(&verdict(0.99, Some(0.5)), &cyrillic, &complexity(0.2), &p, &none),
+        Next::Rules { outcome: Outcome::Language, .. }
+    ));
+    let mut multilingual = policy("");
+    multilingual.cascade.model_languages.push("fra".into());
+    assert_eq!(
+        after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &multilingual, &none),
+        Next::Accept { note: None }
+    );
 }

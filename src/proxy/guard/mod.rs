@@ -288,10 +288,14 @@ impl Guard {
         for end in ends {
             let end = floor_char_boundary(&self.generated, end);
             let start = ceil_char_boundary(&self.generated, end.saturating_sub(window));
-            let text = &self.generated[start..end];
+            // The app's words are read as a request's are: look-alikes folded, invisibles out.
+            let canonical = crate::text::canonicalize(&self.generated[start..end]);
+            let text = canonical.text.as_str();
             let signals = self.policy.rules.count_signals(text);
             let verdict = self.policy.rules.evaluate(&RulesInput {
                 text,
+                lang: crate::text::detect(text).code,
+                obfuscation: &canonical.signals,
                 signals: &signals,
                 features: &serde_json::Map::new(),
                 tenant: None,

@@ -1,0 +1,25 @@
+//! Text preparation shared by the model and the rules.
+//!
+//! - [`canonical`]: [`canonicalize`] turns the text a client sent into the canonical text that the
+//!   model and the rules read (HTML entities decoded, invisible and format characters removed,
+//!   Unicode NFKC per UAX #15, look-alike letters inside mixed-script words folded to Latin,
+//!   defanged links restored), a lower-cased UTS #39 skeleton for look-alike-proof matching, and
+//!   [`TextSignals`] that count what was hidden. The original text stays what the audit and the
+//!   app see; nothing here changes it.
+//! - [`lang`]: [`detect`] names the language (ISO 639-3) and script (ISO 15924) of a text with the
+//!   `whatlang` crate, and says "und" when the text is too short or the guess is unreliable.
+//!
+//! Everything is pure, allocation-light and free of I/O; the Unicode data comes from the
+//! `unicode-normalization`, `unicode-security`, `unicode-properties`, `unicode-script` and
+//! `unicode-segmentation` crates and the entity table from `html-escape`, not from tables kept
+//! here.
+
+pub mod canonical;
+mod defang;
+pub mod lang;
+
+pub use canonical::{canonicalize, skeleton, Canonical, TextSignals};
+pub use lang::{detect, Language};
+
+#[cfg(test)]
+mod tests;

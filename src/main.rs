@@ -63,8 +63,13 @@ enum Command {
         #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u16).range(1..=1000))]
         bins: u16,
         /// Write the fitted temperature to this calibration file (e.g. models/calibration.json).
+        /// Refused when, on a held-out 30 % of the input, the fit improves neither ECE nor NLL
+        /// over the current temperature.
         #[arg(long)]
         write: Option<PathBuf>,
+        /// Write even a fit that does not improve on the current temperature.
+        #[arg(long, requires = "write")]
+        force: bool,
     },
     /// Decide one text without a server and explain the routing: complexity contributions, the
     /// signals snapshot, and the reason for every tier choice. Prints the decision as JSON.
@@ -109,8 +114,8 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config, listen, policies, models, admin_listen } => {
             serve(config, listen, policies, models, admin_listen)
         }
-        Command::Calibrate { input, config, models, bins, write } => {
-            calibrate(&input, config, models, bins as usize, write.as_deref())
+        Command::Calibrate { input, config, models, bins, write, force } => {
+            calibrate(&input, config, models, bins as usize, write.as_deref().map(|p| (p, force)))
         }
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
@@ -240,7 +245,7 @@ fn calibrate(
     config: Option<PathBuf>,
     models: Option<PathBuf>,
     bins: usize,
-    write: Option<&Path>,
+    write: Option<(&Path, bool)>,
 ) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
     if let Some(m) = models {
@@ -280,7 +285,7 @@ fn calibrate(
     for b in reliability(&conf, &correct, bins).iter().filter(|b| b.count > 0) {
         println!("  [{:.3},{:.3}) {:>6} {:>10.4} {:>9.4}", b.lower, b.upper, b.count, b.mean_confidence, b.accuracy);
     }
-    if let Some(path) = write {
+    if let Some((path, force)) = write {
         let positives = labels.iter().filter(|&&l| l == 1).count();
         anyhow::ensure!(
             positives > 0 && positives < labels.len(),
@@ -293,6 +298,11 @@ fn calibrate(
              a sign of too little or degenerate data",
             path.display()
         );
+        let (held_t, verdict) = held_out_check(&logits, &labels, current_t, bins);
+        println!("\nheld-out check (fitted on a seeded 70 %, T = {held_t:.4}, scored on the other 30 %): {verdict}");
+        if !force && verdict.starts_with("no improvement") {
+            anyhow::bail!("not writing {}: {verdict} (pass --force to write it anyway)", path.display());
+        }
         let mut extra = serde_json::Map::new();
         extra.insert("fitted_on".into(), input.display().to_string().into());
         extra.insert("n".into(), examples.len().into());
@@ -306,6 +316,33 @@ fn calibrate(
         println!("\nwrote T = {fitted:.4} to {}", path.display());
     }
     Ok(())
+}
+
+/// Fits the temperature on a seeded 70 % of the examples and compares it with `current` on the
+/// other 30 %: `"improves ..."` or `"no improvement ..."`, with the numbers.
+fn held_out_check(logits: &[Vec<f32>], labels: &[usize], current: f64, bins: usize) -> (f64, String) {
+    let mut order: Vec<usize> = (0..labels.len()).collect();
+    fastrand::Rng::with_seed(20260101).shuffle(&mut order);
+    let cut = (order.len() * 7 / 10).max(1);
+    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
+        (idx.iter().map(|&i| logits[i].clone()).collect(), idx.iter().map(|&i| labels[i]).collect())
+    };
+    let ((fit_l, fit_y), (held_l, held_y)) = (pick(&order[..cut]), pick(&order[cut..]));
+    if held_y.is_empty() {
+        return (current, "no improvement: too few examples to hold any out".into());
+    }
+    let t = fit_temperature(&fit_l, &fit_y);
+    let score = |t: f64| {
+        let (conf, correct) = confidences(&held_l, &held_y, t);
+        (ece(&conf, &correct, bins), tiergate::calibrate::nll(&held_l, &held_y, t))
+    };
+    let ((ece_now, nll_now), (ece_fit, nll_fit)) = (score(current), score(t));
+    let numbers =
+        format!("ECE {ece_now:.4} -> {ece_fit:.4}, NLL {nll_now:.4} -> {nll_fit:.4} on {} rows", held_y.len());
+    match (ece_fit < ece_now, nll_fit < nll_now) {
+        (false, false) => (t, format!("no improvement over T = {current:.4}: {numbers}")),
+        _ => (t, format!("improves on T = {current:.4}: {numbers}")),
+    }
 }
 
 fn explain(
@@ -484,5 +521,27 @@ fn print_comparison(
     }
     if !changes.examples.is_empty() {
         println!("\nfirst changed actions:\n{}", changes.examples.join("\n"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_out_check;
+
+    #[test]
+    fn a_fit_that_cannot_improve_is_refused_and_one_that_does_is_not() {
+        // Separable with huge margins: every temperature scores 0 ECE and 0 NLL; nothing to gain.
+        let labels: Vec<usize> = (0..40).map(|i| i % 2).collect();
+        let sure: Vec<Vec<f32>> =
+            labels.iter().map(|&y| if y == 1 { vec![-200.0, 200.0] } else { vec![200.0, -200.0] }).collect();
+        assert!(held_out_check(&sure, &labels, 1.0, 15).1.starts_with("no improvement"));
+        // Overconfident at T = 1 (every third answer wrong at logit margin 6): a larger T helps.
+        let over: Vec<Vec<f32>> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| if (y == 1) != (i % 3 == 0) { vec![-3.0, 3.0] } else { vec![3.0, -3.0] })
+            .collect();
+        let (t, verdict) = held_out_check(&over, &labels, 1.0, 15);
+        assert!(verdict.starts_with("improves") && t > 1.0, "{t}: {verdict}");
     }
 }

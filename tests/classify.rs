@@ -14,9 +14,9 @@ fn check_schema(d: &Value, request_id: &str) {
     assert_eq!(label == "risk", risk >= 0.5, "label follows risk_score: {d}");
     assert!(matches!(d["action"].as_str().unwrap(), "allow" | "review" | "block"), "{d}");
     let tier = d["tier"].as_str().unwrap();
-    assert!(matches!(tier, "cpu" | "gpu" | "rules"), "{d}");
+    assert!(matches!(tier, "cpu" | "gpu" | "rules" | "guard"), "{d}");
     match tier {
-        "rules" => assert!(d["confidence"].is_null(), "rules give no calibrated confidence: {d}"),
+        "rules" | "guard" => assert!(d["confidence"].is_null(), "rules give no calibrated confidence: {d}"),
         _ => {
             let c = d["confidence"].as_f64().unwrap();
             assert!((0.5..=1.0).contains(&c), "{d}");

@@ -111,4 +111,18 @@ pub struct Explain {
     pub signals: SignalsSnapshot,
     /// The starting tier, why, and each model tier's eligibility.
     pub start: Start,
+    /// Why the cpu model said what it said: each word's effect on its risk score (occlusion),
+    /// largest first. Absent when the cpu model gave no score.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attributions: Vec<Attribution>,
+}
+
+/// One word's effect on the cpu model's risk score: `delta` = risk with the word minus risk
+/// without it (positive: the word pushed towards risk).
+#[derive(Debug, Clone, Serialize)]
+pub struct Attribution {
+    pub word: String,
+    /// 0-based position among the words scored.
+    pub index: usize,
+    pub delta: f64,
 }

@@ -48,7 +48,8 @@ async fn real_test_split_messages_are_classified_accurately() {
             addr,
             "POST",
             "/v1/classify",
-            &[("content-type", "application/json"), ("x-request-id", &id)],
+            // Unhurried: this measures what is decided, not how fast on a loaded test machine.
+            &[("content-type", "application/json"), ("x-request-id", &id), ("x-tiergate-deadline-ms", "5000")],
             json!({"text": text}).to_string(),
         )
         .await;
@@ -105,15 +106,15 @@ async fn low_confidence_verdicts_go_to_rules_which_name_the_rule() {
     assert_eq!(d["action"], "review");
     assert_eq!(d["label"], "ok");
 
-    // Features reach the rules.
+    // Features reach the guards (here the guard's review equals the default, so nothing is
+    // raised; tests/evasion.rs shows a guard raising a confident allow).
     let d = classify(
         addr,
         json!({"text": "invoice 2291", "features": {"amount": 25000, "country": "NG", "home_country": "DE"}}),
     )
     .await
     .json();
-    assert_eq!(d["rule"], "large_cross_border_payment", "{d}");
-    assert_eq!(d["action"], "review");
+    assert_eq!(d["action"], "review", "{d}");
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::{json, Value};
 
 async fn decide(text: &str, features: Value) -> Value {
-    let reply = classify(default_server(), json!({"text": text, "features": features})).await;
+    let reply = classify_unhurried(default_server(), json!({"text": text, "features": features})).await;
     assert_eq!(reply.status, 200, "{:?}", String::from_utf8_lossy(&reply.body));
     reply.json()
 }
@@ -126,4 +126,27 @@ async fn a_rule_that_fails_to_evaluate_raises_to_review() {
         .iter()
         .any(|s| s["reason"].as_str().is_some_and(|r| r.contains("failed to evaluate")));
     assert!(failed || d["action"] == "block", "the path says a rule failed: {d}");
+}
+
+#[tokio::test]
+async fn explain_names_the_words_that_drove_the_score() {
+    let text = "Your parcel is held at customs. Pay the release fee today at http://parcel-release.example.top/pay";
+    let reply = send(
+        default_server(),
+        "POST",
+        "/v1/classify?explain=true",
+        &[("content-type", "application/json")],
+        json!({"text": text}).to_string(),
+    )
+    .await;
+    let d = reply.json();
+    let attributions = d["explain"]["attributions"].as_array().expect("attributions with explain=true");
+    assert!(!attributions.is_empty() && attributions.len() <= 12, "{d}");
+    let deltas: Vec<f64> = attributions.iter().map(|a| a["delta"].as_f64().unwrap().abs()).collect();
+    assert!(deltas.windows(2).all(|w| w[0] >= w[1]), "largest effect first: {deltas:?}");
+    for a in attributions {
+        assert!(text.contains(a["word"].as_str().unwrap()), "{a}");
+    }
+    // Each delta is the score with the word minus without it, so it is bounded by the score range.
+    assert!(deltas.iter().all(|d| *d <= 1.0));
 }

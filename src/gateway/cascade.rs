@@ -186,6 +186,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
         stats: run.rating.stats,
         signals: x.snapshot.clone(),
         start,
+        attributions: Vec::new(),
     });
     Ok((decision, explain))
 }
@@ -319,7 +320,7 @@ impl Run<'_> {
             }
         };
         // A model reading a language it was not trained on has no view worth showing the rules.
-        if next.is_some() && step.outcome != Outcome::Language {
+        if next.is_some() && !matches!(step.outcome, Outcome::Language | Outcome::Error) {
             self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
         }
         self.path.push(step);
@@ -397,7 +398,7 @@ impl Run<'_> {
         d.signals = Some(verdict.signals);
         if let Some((rule, error)) = verdict.errors.first() {
             let why = format!("rule failed to evaluate: {error}");
-            super::guard::at_least(&mut d, x.policy.safety.on_rule_error, rule, &why);
+            let _ = super::guard::at_least(&mut d, x.policy.safety.on_rule_error, rule, &why);
         }
         d
     }

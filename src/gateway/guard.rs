@@ -15,7 +15,8 @@ use crate::rules::{ClassVerdict, RulesInput};
 pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, metrics: Option<&Metrics>) {
     let guard = policy.rules.guard(input);
     count_errors(&guard, metrics);
-    let mut raised = false;
+    // A floor the rules stage set for a rule that failed counts as raised too: failing closed.
+    let mut raised = d.path.iter().any(|s| s.tier == TierName::Guard && s.outcome == Outcome::Raised);
     if let Some((name, action, score)) = guard.matched.filter(|(_, action, _)| *action > d.action) {
         let reason = format!("guard raised {} to {}", d.action.as_str(), action.as_str());
         d.path.push(step(Outcome::Raised, &name, Some(score), reason));
@@ -28,7 +29,7 @@ pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, m
         raised = true;
     }
     if let Some((name, error)) = guard.errors.first() {
-        at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
+        raised |= at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
     }
     let allow = policy.rules.allowlisted(input);
     count_errors(&allow, metrics);
@@ -46,15 +47,17 @@ pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, m
     }
 }
 
-/// Raises the decision to `floor` because `rule` failed; the path says so.
-pub(super) fn at_least(d: &mut Decision, floor: Action, rule: &str, why: &str) {
-    if floor > d.action {
+/// Raises the decision to `floor` because `rule` failed; the path says so. Whether it raised.
+pub(super) fn at_least(d: &mut Decision, floor: Action, rule: &str, why: &str) -> bool {
+    let raise = floor > d.action;
+    if raise {
         let reason = format!("{why}; on_rule_error raises {} to {}", d.action.as_str(), floor.as_str());
         d.path.push(step(Outcome::Raised, rule, None, reason));
         d.action = floor;
         d.tier = TierName::Guard;
         d.rule = Some(rule.to_string());
     }
+    raise
 }
 
 fn step(outcome: Outcome, rule: &str, risk_score: Option<f64>, reason: String) -> Step {

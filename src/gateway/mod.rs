@@ -11,6 +11,7 @@
 
 pub mod cascade;
 mod config;
+mod explain;
 mod guard;
 mod lifecycle;
 pub mod shadow;
@@ -180,7 +181,14 @@ impl Gateway {
             recorded: &recorded,
         });
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
-        let (decision, explain) = cascade::run(&inputs, self.rate(&policy, &req), &tiers).await?;
+        let rating = self.rate(&policy, &req);
+        let canonical = Arc::clone(&rating.text);
+        let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
+        if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
+            if decision.path[0].tier == TierName::Cpu {
+                e.attributions = self.attributions(&canonical, risk, std::time::Duration::from_secs(2)).await;
+            }
+        }
         let decision = self.finish(decision, request_id, &policy, explain, started);
         let shadow = match &self.shadow {
             Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {

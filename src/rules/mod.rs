@@ -475,8 +475,25 @@ mod tests {
         for (text, rule) in cases {
             assert_eq!(eval(&p, text, none.clone(), None).rule.as_deref(), rule, "{text}");
         }
-        let features = serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"});
-        assert_eq!(eval(&p, "invoice 4471", features, None).rule.as_deref(), Some("large_cross_border_payment"));
+        let features =
+            serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"}).as_object().cloned().unwrap();
+        let signals = p.rules.count_signals("invoice 4471");
+        let none_undone = TextSignals::default();
+        let input = RulesInput {
+            text: "invoice 4471",
+            lang: "eng",
+            obfuscation: &none_undone,
+            signals: &signals,
+            features: &features,
+            tenant: None,
+            model: None,
+        };
+        let guard = p.rules.guard(&input).matched.map(|(name, _, _)| name);
+        assert_eq!(
+            guard.as_deref(),
+            Some("large_cross_border_payment"),
+            "a guard now: it applies to confident verdicts too"
+        );
         let unsure = ModelView { risk_score: 0.62, confidence: 0.62, ood_score: Some(0.3) };
         assert_eq!(eval(&p, "see you at 5", none, Some(unsure)).rule.as_deref(), Some("model_leaning_risky"));
     }

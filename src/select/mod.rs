@@ -231,7 +231,9 @@ pub fn after_cpu(
         (Outcome::Error, why)
     } else if let Some(why) = foreign(lang, policy) {
         (Outcome::Language, why)
-    } else if v.unread {
+    } else if v.unread && v.risk_score < 0.5 {
+        // The riskiest window decides, so unread text can only add risk: a risk verdict from the
+        // windows read stands on its own; an ok one might be hiding the pitch further on.
         let read = v.window.map_or(1, |w| w.of);
         (Outcome::Unread, format!("text past the {read} window(s) the model reads was not read"))
     } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {

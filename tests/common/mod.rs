@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod app;
+pub mod llama;
 pub mod openai_stub;
 
 use bytes::Bytes;

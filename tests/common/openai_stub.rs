@@ -2,12 +2,17 @@
 //! SGLang look like to tiergate's upstream pool), on `127.0.0.1:0`, in the test's runtime.
 //!
 //! Routes:
-//! * `POST /v1/chat/completions`: answers `{"label", "confidence"}` as the assistant content,
-//!   with vLLM-style `logprobs.content` when asked to (the label's first token carries the
-//!   configured logprob), after the configured latency; or fails as configured ([`Fail`]).
+//! * `POST /v1/chat/completions`: answers `{"label": ..}` as the assistant content, with
+//!   vLLM-style `logprobs.content` (the label's token carries the configured logprob, and its
+//!   `top_logprobs` the other label of the request's `response_format` enum), after the
+//!   configured latency; or fails as configured ([`Fail`]). The real llama.cpp server
+//!   (`tests/common/llama.rs`) is what the upstream tier is tested against; the stub is for
+//!   what a real server cannot be made to do on cue: answers outside the schema, no logprobs,
+//!   exact probabilities, statuses, hangs, latency, health and metrics.
 //! * `GET /health`: the configured status, empty body.
 //! * `GET /metrics`: Prometheus text with `vllm:gpu_cache_usage_perc` and
-//!   `vllm:num_requests_waiting` when a KV-cache usage is set, else 404.
+//!   `vllm:num_requests_waiting` (or llama.cpp's `llamacpp:*` names, [`Behaviour::llama_metrics`])
+//!   when a KV-cache usage is set, else 404.
 //!
 //! Behaviour changes at run time through the [`StubHandle`] (`set_*`), and the handle counts
 //! what was served. Dropping the handle (or [`StubHandle::stop`]) closes the listener and every
@@ -57,34 +62,38 @@ pub struct Behaviour {
     pub health_status: u16,
     /// The label in the answer.
     pub label: String,
-    /// The answer's `confidence`; `None` leaves the field out.
-    pub confidence: Option<f64>,
-    /// The logprob of the label's first token; `None`: no `logprobs` in the response (as TGI or
-    /// llama.cpp may do).
+    /// The logprob of the label's token; `None`: no `logprobs` in the response.
     pub label_logprob: Option<f64>,
+    /// The logprob of the other label among the label token's `top_logprobs`; `None`: the
+    /// complement of the label's probability (so the normalised probability is the label's);
+    /// `-inf`: not listed.
+    pub other_logprob: Option<f64>,
     /// Replaces the whole assistant content (for malformed answers); still tokenised for logprobs.
     pub content: Option<String>,
     /// `vllm:gpu_cache_usage_perc` on `/metrics`; `None`: `/metrics` is 404.
     pub kv_cache_usage: Option<f64>,
     /// `vllm:num_requests_waiting` on `/metrics`.
     pub requests_waiting: f64,
+    /// `/metrics` in llama.cpp's names (`llamacpp:kv_cache_usage_ratio`, `requests_deferred`).
+    pub llama_metrics: bool,
     /// `usage.prompt_tokens` in the response.
     pub prompt_tokens: u64,
 }
 
 impl Default for Behaviour {
-    /// Answers `{"label": "risk", "confidence": 0.9}` at once, with logprob ln 0.9 for the label.
+    /// Answers `{"label": "risk"}` at once, with logprob ln 0.9 for the label, ln 0.1 for `ok`.
     fn default() -> Self {
         Behaviour {
             latency_ms: 0,
             fail: Fail::None,
             health_status: 200,
             label: "risk".into(),
-            confidence: Some(0.9),
             label_logprob: Some(0.9f64.ln()),
+            other_logprob: None,
             content: None,
             kv_cache_usage: None,
             requests_waiting: 0.0,
+            llama_metrics: false,
             prompt_tokens: 17,
         }
     }
@@ -97,10 +106,6 @@ impl Behaviour {
     }
     pub fn label(mut self, label: &str) -> Self {
         self.label = label.into();
-        self
-    }
-    pub fn confidence(mut self, confidence: Option<f64>) -> Self {
-        self.confidence = confidence;
         self
     }
     pub fn logprob(mut self, logprob: Option<f64>) -> Self {
@@ -196,14 +201,16 @@ impl StubHandle {
     pub fn set_health(&self, status: u16) {
         self.update(|b| b.health_status = status);
     }
-    /// Label and confidence of the answer (`None` leaves `confidence` out).
-    pub fn set_answer(&self, label: &str, confidence: Option<f64>) {
+    /// The answer's label and the logprobs of its token and of the other label (see
+    /// [`Behaviour::other_logprob`]).
+    pub fn set_answer(&self, label: &str, logprob: f64, other: Option<f64>) {
         self.update(|b| {
             b.label = label.into();
-            b.confidence = confidence;
+            b.label_logprob = Some(logprob);
+            b.other_logprob = other;
         });
     }
-    /// Logprob of the label's first token; `None` drops `logprobs` from responses.
+    /// Logprob of the label's token; `None` drops `logprobs` from responses.
     pub fn set_logprob(&self, logprob: Option<f64>) {
         self.update(|b| b.label_logprob = logprob);
     }
@@ -265,6 +272,9 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
             shared.metrics_scrapes.fetch_add(1, Ordering::SeqCst);
             let b = shared.behaviour.lock().unwrap().clone();
             match b.kv_cache_usage {
+                Some(usage) if b.llama_metrics => {
+                    reply(200, "text/plain; version=0.0.4", llama_metrics_text(usage, b.requests_waiting))
+                }
                 Some(usage) => reply(200, "text/plain; version=0.0.4", metrics_text(usage, b.requests_waiting)),
                 None => reply(404, "text/plain", "not found"),
             }
@@ -308,15 +318,34 @@ fn metrics_text(usage: f64, waiting: f64) -> String {
     )
 }
 
+/// llama.cpp server's names (`--metrics`), with the KV-cache ratio older versions expose.
+fn llama_metrics_text(usage: f64, waiting: f64) -> String {
+    format!(
+        "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE llamacpp:kv_cache_usage_ratio gauge\n\
+         llamacpp:kv_cache_usage_ratio {usage}\n\
+         # TYPE llamacpp:requests_processing gauge\n\
+         llamacpp:requests_processing 1\n\
+         # TYPE llamacpp:requests_deferred gauge\n\
+         llamacpp:requests_deferred {waiting}\n"
+    )
+}
+
 /// The assistant content for a behaviour.
 pub fn answer_content(b: &Behaviour) -> String {
-    if let Some(content) = &b.content {
-        return content.clone();
-    }
-    match b.confidence {
-        Some(c) => json!({"label": b.label, "confidence": c}).to_string(),
+    match &b.content {
+        Some(content) => content.clone(),
         None => json!({"label": b.label}).to_string(),
     }
+}
+
+/// The label of the request's `response_format` enum that is not `label` (`ok` or `risk`
+/// when the request has none).
+fn other_label(request: &Value, label: &str) -> String {
+    let allowed =
+        request.pointer("/response_format/json_schema/schema/properties/label/enum").and_then(Value::as_array);
+    let other = allowed.into_iter().flatten().filter_map(Value::as_str).find(|l| *l != label);
+    other.unwrap_or(if label == "ok" { "risk" } else { "ok" }).to_string()
 }
 
 /// Splits text the way a BPE tokenizer roughly does: runs of letters/digits are one token,
@@ -351,6 +380,9 @@ fn completion(b: &Behaviour, request: &Value) -> Value {
         // The label's position: after the `"label"` key when there is one.
         let from = content.find("\"label\"").map_or(0, |k| k + 7);
         let label_at = content[from..].find(&b.label).map(|i| i + from);
+        let other = other_label(request, &b.label);
+        let p = label_logprob.exp().min(1.0);
+        let other_logprob = b.other_logprob.unwrap_or(if p < 1.0 { (1.0 - p).ln() } else { f64::NEG_INFINITY });
         let mut offset = 0;
         let mut label_done = false;
         let tokens: Vec<Value> = tokenize(&content)
@@ -361,10 +393,9 @@ fn completion(b: &Behaviour, request: &Value) -> Value {
                 let is_label = !label_done && label_at.is_some_and(|at| start <= at && at < end);
                 label_done |= is_label;
                 let logprob = if is_label { label_logprob } else { -0.0001 };
-                let p = logprob.exp().min(1.0);
                 let mut top = vec![json!({"token": token, "logprob": logprob})];
-                if is_label && p < 1.0 {
-                    top.push(json!({"token": "other", "logprob": (1.0 - p).ln()}));
+                if is_label && other_logprob.is_finite() {
+                    top.push(json!({"token": other, "logprob": other_logprob}));
                 }
                 json!({"token": token, "logprob": logprob, "bytes": token.as_bytes(), "top_logprobs": top})
             })

@@ -15,9 +15,11 @@ pub struct UpstreamConfig {
     pub health_path: String,
     /// Interval of the active health checks, per endpoint.
     pub health_interval_ms: u64,
-    /// Prometheus text to scrape for vLLM's KV-cache usage (`vllm:gpu_cache_usage_perc` or
-    /// `vllm:kv_cache_usage_perc`, 0..1) and waiting queue (`vllm:num_requests_waiting`),
-    /// e.g. `/metrics`. `None`: no scraping, no headroom.
+    /// Prometheus text to scrape for load, e.g. `/metrics`: KV-cache usage (vLLM's
+    /// `vllm:gpu_cache_usage_perc` or `vllm:kv_cache_usage_perc`, llama.cpp's
+    /// `llamacpp:kv_cache_usage_ratio`, 0..1) and queue depth (`vllm:num_requests_waiting` /
+    /// `llamacpp:requests_deferred` waiting, `vllm:num_requests_running` /
+    /// `llamacpp:requests_processing` running). `None`: no scraping, no headroom.
     pub metrics_path: Option<String>,
     /// Consecutive failures (requests or health checks) that eject an endpoint.
     pub eject_after_failures: u32,
@@ -27,6 +29,9 @@ pub struct UpstreamConfig {
     pub connect_timeout_ms: u64,
     /// Time constant of the latency EWMA (linkerd's PeakEWMA decays in time, not in samples).
     pub ewma_decay_ms: u64,
+    /// The gpu tier's own temperature, applied to the log-odds of the label probability:
+    /// `risk = sigmoid(logit(p_risk) / temperature)`. Fitted by `tiergate calibrate --tier gpu`.
+    pub temperature: f64,
 }
 
 impl Default for UpstreamConfig {
@@ -41,6 +46,7 @@ impl Default for UpstreamConfig {
             eject_ms: 5000,
             connect_timeout_ms: 500,
             ewma_decay_ms: 10_000,
+            temperature: 1.0,
         }
     }
 }
@@ -66,6 +72,9 @@ impl UpstreamConfig {
             if value == 0 {
                 return Err(format!("`{field}` must be at least 1"));
             }
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            return Err(format!("`temperature` must be a positive number, got {}", self.temperature));
         }
         Ok(())
     }

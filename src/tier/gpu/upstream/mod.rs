@@ -1,23 +1,29 @@
 //! The gpu tier's `upstream` backend: a pool of local OpenAI-compatible model servers
-//! (vLLM, TGI, llama.cpp server, SGLang) asked to classify one text per call.
+//! (vLLM, SGLang, llama.cpp server: any that honours `response_format` with a JSON schema and
+//! returns token logprobs) asked to classify one text per call.
 //!
 //! What the pool does, in the order a call sees it:
 //!
 //! 1. **pick** an endpoint by power of two choices over a peak-sensitive EWMA of latency
 //!    ([`UpstreamPool::classify`], see `Ewma` for the cost), among endpoints that are
 //!    healthy and not ejected;
-//! 2. **ask** it: `POST {base}/v1/chat/completions` with the policy's [`PromptSpec`],
-//!    `temperature: 0` and `logprobs: true`, until the caller's deadline;
-//! 3. **read** the answer (a JSON `{"label", "confidence"}` or a bare label word) and turn it
-//!    into a [`ModelVerdict`] (see [`parse_completion`] for where the probability comes from);
+//! 2. **ask** it: `POST {base}/v1/chat/completions` with the policy's [`PromptSpec`], the
+//!    message as data (a JSON string in a delimited block, [`data_block`]), structured output
+//!    (`response_format` with the [`verdict_schema`]), `temperature: 0` and `logprobs: true`,
+//!    until the caller's deadline;
+//! 3. **read** the answer strictly against the schema (anything else is an `Inference` error)
+//!    and the label tokens' log-probabilities normalised over the two allowed labels (see
+//!    [`parse_completion`]); scale the log-odds by the tier's `temperature` into a
+//!    [`ModelVerdict`]. A stated label the model itself found less likely (a grammar forced it)
+//!    is *unsure* (risk 0.5, confidence 0.5), never its opposite;
 //! 4. **record** the outcome: latency into the EWMA, failures into the endpoint's consecutive
 //!    failure count, which ejects the endpoint after `eject_after_failures`.
 //!
-//! Beside the calls, one task per endpoint runs active health checks (and scrapes vLLM's
-//! Prometheus `/metrics` for KV-cache usage when configured); a health check re-admits an
-//! ejected endpoint once `eject_ms` has passed (outlier ejection with re-admission, as in
-//! pingora's health checks and Envoy's outlier detection). The tasks stop when the pool is
-//! dropped.
+//! Beside the calls, one task per endpoint runs active health checks (and scrapes vLLM's or
+//! llama.cpp's Prometheus `/metrics` for KV-cache usage and queue depth when configured); a
+//! health check re-admits an ejected endpoint once `eject_ms` has passed (outlier ejection with
+//! re-admission, as in pingora's health checks and Envoy's outlier detection). The tasks stop
+//! when the pool is dropped.
 //!
 //! There are no retries here on purpose: the caller's cascade falls back to the rules engine,
 //! which never waits, and a retry would spend the deadline that fallback needs.
@@ -53,9 +59,12 @@ mod metrics;
 
 use crate::policy::PromptSpec;
 use completion::snippet;
-pub use completion::{parse_completion, request_body, ParsedCompletion, ProbabilitySource};
+pub use completion::{
+    data_block, parse_completion, request_body, scale, verdict_schema, ParsedCompletion, Reading, Unsure, DATA_CLOSE,
+    DATA_OPEN, DATA_RULE, TOP_LOGPROBS,
+};
 pub use config::UpstreamConfig;
-pub use metrics::parse_vllm_metrics;
+pub use metrics::{parse_server_metrics, ServerMetrics};
 
 /// One endpoint as [`UpstreamPool::endpoints`] reports it (for `/admin` and tests).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -66,6 +75,7 @@ pub struct EndpointStatus {
     /// From the last scrape of `metrics_path`; `None` when not scraped, absent or failed.
     pub kv_cache_usage: Option<f64>,
     pub requests_waiting: Option<f64>,
+    pub requests_running: Option<f64>,
 }
 
 impl std::ops::Deref for EndpointStatus {
@@ -110,16 +120,15 @@ impl EndpointUris {
     }
 }
 
-/// An endpoint's URIs and its last vLLM metrics scrape; its load-balancing state is in the
+/// An endpoint's URIs and its last metrics scrape; its load-balancing state is in the
 /// [`Balancer`] at the same index.
 struct Endpoint {
     uris: EndpointUris,
-    /// (KV-cache usage, requests waiting) from the last scrape.
-    scraped: Mutex<(Option<f64>, Option<f64>)>,
+    scraped: Mutex<ServerMetrics>,
 }
 
 impl Endpoint {
-    fn scraped(&self) -> (Option<f64>, Option<f64>) {
+    fn scraped(&self) -> ServerMetrics {
         *self.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -130,6 +139,7 @@ struct Shared {
     balancer: Balancer,
     client: Client<HttpConnector, Full<Bytes>>,
     model: String,
+    temperature: f64,
     health_interval: Duration,
     health_timeout: Duration,
 }
@@ -163,14 +173,14 @@ impl Shared {
         self.balancer.on_health(index, result.is_ok());
         if let Some(metrics) = &endpoint.uris.metrics {
             // A failed scrape clears the values: stale KV-cache numbers would overstate headroom.
-            let (usage, waiting) = match self.get(metrics).await {
-                Ok(body) => parse_vllm_metrics(&String::from_utf8_lossy(&body)),
+            let scraped = match self.get(metrics).await {
+                Ok(body) => parse_server_metrics(&String::from_utf8_lossy(&body)),
                 Err(e) => {
                     tracing::debug!(endpoint = %url, error = %e, "metrics scrape failed");
-                    (None, None)
+                    ServerMetrics::default()
                 }
             };
-            *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = (usage, waiting);
+            *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = scraped;
         }
     }
 
@@ -213,6 +223,15 @@ async fn read_capped(body: hyper::body::Incoming) -> Result<Bytes, String> {
     }
 }
 
+/// One answer of [`UpstreamPool::answer`].
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub parsed: ParsedCompletion,
+    /// The endpoint that answered.
+    pub endpoint: String,
+    pub elapsed: Duration,
+}
+
 /// A pool of OpenAI-compatible model servers; see the module docs.
 pub struct UpstreamPool {
     shared: Arc<Shared>,
@@ -245,7 +264,7 @@ impl UpstreamPool {
         for url in &config.endpoints {
             let uris = EndpointUris::parse(url, &config.health_path, config.metrics_path.as_deref())
                 .map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
-            endpoints.push(Endpoint { uris, scraped: Mutex::new((None, None)) });
+            endpoints.push(Endpoint { uris, scraped: Mutex::new(ServerMetrics::default()) });
         }
         let balancer = Balancer::new(
             config.endpoints.iter().map(|url| url.trim().trim_end_matches('/').to_string()),
@@ -269,6 +288,7 @@ impl UpstreamPool {
             balancer,
             client,
             model: config.model.clone(),
+            temperature: config.temperature,
             health_interval,
             // A probe may take up to one interval (at least the connect timeout, at most 5 s).
             health_timeout: health_interval
@@ -293,22 +313,45 @@ impl UpstreamPool {
         Ok(Arc::new(UpstreamPool { shared, tasks }))
     }
 
-    /// One classification: pick an endpoint by P2C, `POST {base}/v1/chat/completions`, parse the
-    /// verdict; give up at `deadline`.
-    ///
-    /// Failures count against the endpoint: connect errors (`Unavailable`), non-2xx statuses and
-    /// unreadable answers (`Inference`), and running out of time (`DeadlineExceeded`; the elapsed
-    /// time also feeds the EWMA as a lower bound of the endpoint's latency). So deadlines
-    /// persistently shorter than an endpoint's latency eject it: with every endpoint too slow the
-    /// pool answers `Unavailable` at once instead of spending each caller's deadline, which is the
-    /// degradation the cascade wants (rules answer instead). A call dropped by the caller counts
-    /// as nothing.
+    /// One classification: [`UpstreamPool::answer`], its label probability scaled by the tier's
+    /// `temperature` into a verdict (risk 0.5, confidence 0.5 when the reading is unsure).
     pub async fn classify(
         &self,
         prompt: &PromptSpec,
         text: &str,
         deadline: Instant,
     ) -> Result<ModelVerdict, TierError> {
+        let answer = self.answer(prompt, text, deadline).await?;
+        if let Reading::Unsure(why) = answer.parsed.reading {
+            tracing::debug!(endpoint = %answer.endpoint, ?why, "upstream answer is unsure");
+        }
+        let (risk_score, confidence) = answer.parsed.scores(self.shared.temperature);
+        Ok(ModelVerdict {
+            risk_score,
+            confidence,
+            ood_score: None,
+            tokens: answer.parsed.prompt_tokens,
+            queue_us: 0,
+            infer_us: answer.elapsed.as_micros() as u64,
+            batch_size: 1,
+            window: None,
+            unread: false,
+            endpoint: Some(answer.endpoint),
+        })
+    }
+
+    /// One answer, read but not scaled (what `tiergate calibrate --tier gpu` fits the
+    /// temperature on): pick an endpoint by P2C, `POST {base}/v1/chat/completions`, parse the
+    /// answer; give up at `deadline`.
+    ///
+    /// Failures count against the endpoint: connect errors (`Unavailable`), non-2xx statuses and
+    /// answers outside the schema or without logprobs (`Inference`), and running out of time
+    /// (`DeadlineExceeded`; the elapsed time also feeds the EWMA as a lower bound of the
+    /// endpoint's latency). So deadlines persistently shorter than an endpoint's latency eject
+    /// it: with every endpoint too slow the pool answers `Unavailable` at once instead of
+    /// spending each caller's deadline, which is the degradation the cascade wants (rules answer
+    /// instead). A call dropped by the caller counts as nothing.
+    pub async fn answer(&self, prompt: &PromptSpec, text: &str, deadline: Instant) -> Result<Answer, TierError> {
         let start = Instant::now();
         if start >= deadline {
             return Err(TierError::DeadlineExceeded { waited_us: 0 });
@@ -325,19 +368,7 @@ impl UpstreamPool {
         match outcome {
             Ok(Ok(parsed)) => {
                 pick.record(true);
-                let (risk_score, confidence) = parsed.scores();
-                Ok(ModelVerdict {
-                    risk_score,
-                    confidence,
-                    ood_score: None,
-                    tokens: parsed.prompt_tokens,
-                    queue_us: 0,
-                    infer_us: elapsed.as_micros() as u64,
-                    batch_size: 1,
-                    window: None,
-                    unread: false,
-                    endpoint: Some(pick.url().to_string()),
-                })
+                Ok(Answer { parsed, endpoint: pick.url().to_string(), elapsed })
             }
             Ok(Err(e)) => {
                 pick.record(false);
@@ -350,6 +381,11 @@ impl UpstreamPool {
         }
     }
 
+    /// The tier's temperature (`[gpu.upstream] temperature`).
+    pub fn temperature(&self) -> f64 {
+        self.shared.temperature
+    }
+
     /// Every endpoint's state, in configuration order.
     pub fn endpoints(&self) -> Vec<EndpointStatus> {
         self.shared
@@ -358,8 +394,13 @@ impl UpstreamPool {
             .into_iter()
             .zip(&self.shared.endpoints)
             .map(|(balance, e)| {
-                let (kv_cache_usage, requests_waiting) = e.scraped();
-                EndpointStatus { balance, kv_cache_usage, requests_waiting }
+                let m = e.scraped();
+                EndpointStatus {
+                    balance,
+                    kv_cache_usage: m.kv_cache_usage,
+                    requests_waiting: m.requests_waiting,
+                    requests_running: m.requests_running,
+                }
             })
             .collect()
     }

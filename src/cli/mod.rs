@@ -1,0 +1,3 @@
+//! The longer commands of the `tiergate` binary (not part of the library).
+
+pub mod calibrate;

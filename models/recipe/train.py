@@ -4,7 +4,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import RiskClassifier, model_dir, read_jsonl, tokenizer, window_ids
 
 data, ckpt = sys.argv[1], sys.argv[2]
-MAX_LEN = int(os.environ.get("MAX_LEN", 128)); EPOCHS = float(os.environ.get("EPOCHS", 2))
+MAX_LEN = int(os.environ.get("MAX_LEN", 128)); EPOCHS = float(os.environ.get("EPOCHS", 1.6))
 BS = 16; LR = 5e-5; SEED = 1234
 torch.manual_seed(SEED); random.seed(SEED); np.random.seed(SEED)
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
@@ -34,8 +34,22 @@ sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / max(1, wa
 lossf = torch.nn.CrossEntropyLoss()
 model.train(); step = 0; t0 = time.time(); run = 0.0; seen = 0
 ep = 0
+# resumable: state every 100 steps (the machine is shared; a killed run continues where it stopped, same result)
+import hashlib
+os.makedirs(ckpt, exist_ok=True)
+RESUME = os.path.join(ckpt, "resume.pt")
+fp = hashlib.sha1(open(os.path.join(data, "train_mix.jsonl"), "rb").read() + f"{EPOCHS} {MAX_LEN} {BS} {LR} {SEED}".encode()).hexdigest()
+skip = 0; prev_el = 0.0
+if os.path.exists(RESUME):
+    st = torch.load(RESUME, weights_only=False)
+    if st["fp"] == fp:
+        model.load_state_dict(st["model"]); opt.load_state_dict(st["opt"]); sched.load_state_dict(st["sched"])
+        step, ep, skip, run, seen, prev_el = st["step"], st["ep"], st["pos"], st["run"], st["seen"], st["elapsed"]
+        torch.set_rng_state(st["rng"]); print(f"resumed at step {step} (epoch {ep}, batch {skip})", flush=True)
+t0 -= prev_el
 while step < total:
-    for b in batches(ep):
+    for bi_, b in enumerate(batches(ep)):
+        if bi_ < skip: continue
         if step >= total: break
         L = max(len(enc[j]) for j in b)
         ids = torch.zeros((len(b), L), dtype=torch.long); m = torch.zeros_like(ids)
@@ -51,10 +65,15 @@ while step < total:
         if step % 50 == 0:
             el = time.time() - t0
             print(f"step {step}/{total} ep {ep} loss {run:.4f} {seen/el:.1f} seq/s elapsed {el:.0f}s", flush=True)
-    ep += 1
+        if step % 100 == 0 and step < total:
+            torch.save({"fp": fp, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
+                        "ep": ep, "pos": bi_ + 1, "run": run, "seen": seen, "elapsed": time.time() - t0,
+                        "rng": torch.get_rng_state()}, RESUME + ".tmp")
+            os.replace(RESUME + ".tmp", RESUME)
+    ep += 1; skip = 0
 model.eval()
-os.makedirs(ckpt, exist_ok=True)
 torch.save(model.state_dict(), os.path.join(ckpt, "model.pt"))
+if os.path.exists(RESUME): os.remove(RESUME)
 print("done", time.time() - t0, flush=True)
 import json
 json.dump({"train_seconds": round(time.time() - t0, 1), "examples": len(rows), "epochs": EPOCHS, "steps": total,

@@ -15,11 +15,17 @@
 #    (so a saturated rate leaves no backlog or state behind) and the sweep stops after two
 #    saturated rates in a row; RSS and CPU of the server are sampled under load; a measurement
 #    during which a compiler ran, or other processes used more than 0.15 cores, is repeated;
-# 5. prints and saves one side-by-side report (benches/e2e_report.py).
+#    the sweep's rates are fractions of the ceiling measured in step 3 (E2E_FRACTIONS), so they
+#    mean the same on any machine, and it goes on until two saturated rates in a row;
+# 5. overload, for the servers in E2E_OVERLOAD (default: tiergate's shipped settings and the
+#    1-worker baseline): 1.5x and 3x the sustainable rate the sweep found, and a burst (3x for
+#    5 s between 0.5x phases): model goodput, rules answers and their latency, answers later than
+#    the deadline + 5 ms, and the time until p99 is back under 50 ms after the burst;
+# 6. prints and saves one side-by-side report (benches/e2e_report.py).
 #
 # Output: target/e2e/<timestamp>/ (results.jsonl, ceiling.txt, report.md, logs).
-# Knobs (env): E2E_DURATION (measured s per rate, 6), E2E_WARMUP (2), E2E_SHORT_RATES,
-# E2E_LONG_RATES, E2E_ONLY (space-separated subset of: tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w),
+# Knobs (env): E2E_DURATION (measured s per rate, 5), E2E_WARMUP (1.5), E2E_FRACTIONS (of the
+# ceiling), E2E_SHORT_RATES / E2E_LONG_RATES (absolute rates instead), E2E_OVERLOAD, E2E_ONLY (space-separated subset of: tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w),
 # E2E_SKIP_IDLE_WAIT=1 and E2E_SKIP_CEILING=1 (smoke tests only), E2E_TG_OFF / E2E_TG_ON ([model] settings, "key=value ...").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,8 +34,9 @@ OUT="${E2E_OUT:-$ROOT/target/e2e/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 DURATION="${E2E_DURATION:-5}"
 WARMUP="${E2E_WARMUP:-1.5}"
-SHORT_RATES="${E2E_SHORT_RATES:-100,300,500,700,900,1000,1100,1200,1300}"
-LONG_RATES="${E2E_LONG_RATES:-20,50,80,110,140,170,200,230}"
+FRACTIONS="${E2E_FRACTIONS:-0.3,0.5,0.7,0.8,0.85,0.9,0.95,1.0,1.1,1.25,1.5}"
+OVERLOAD="${E2E_OVERLOAD:-tg-on py-1w}"
+DEADLINE_MS=200  # config/tiergate.toml default_deadline_ms
 ONLY="${E2E_ONLY:-tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w}"
 # The model's thread budget is 2 for every server. tiergate: two sessions of 1 intra-op thread
 # (2x1, the fastest layout here, see docs/BENCHMARKS.md), micro-batching off (max_batch 1) and
@@ -121,6 +128,15 @@ if [[ "${E2E_SKIP_CEILING:-0}" != 1 ]]; then
     done
 fi
 wait_idle
+# Rates as fractions of the ceiling (fallback when the ceiling was skipped: the old fixed rates).
+rates_for() {  # kind -> comma-separated rates
+    local c; c="$(python3 benches/e2e_report.py --ceiling "$OUT" "$1")"
+    if [[ -z "$c" ]]; then [[ $1 == short ]] && echo 100,300,500,700,900,1100 || echo 20,50,80,110,140; return; fi
+    python3 -c "import sys; print(','.join(str(max(1, round(float(f) * $c))) for f in sys.argv[1].split(',')))" "$FRACTIONS"
+}
+SHORT_RATES="${E2E_SHORT_RATES:-$(rates_for short)}"
+LONG_RATES="${E2E_LONG_RATES:-$(rates_for long)}"
+log "rates: short $SHORT_RATES; long $LONG_RATES"
 
 # ---- 4. servers ------------------------------------------------------------------------
 tg_config() {  # $1 = "key=value ..." for [model] -> a config file
@@ -175,7 +191,9 @@ measure() {  # name jsonfile label rate openloop-args...
         local before; before="$(wc -l < "$OUT/interference.log")"
         start_server "$name"
         rm -f "$OUT/one.jsonl"
-        nice -n -5 "$OPENLOOP" --url "$URL" --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" \
+        local rate_args=(--rate "$rate" --duration "$DURATION" --warmup "$WARMUP")
+        [[ "$rate" == 0 ]] && rate_args=()  # --phases in "$@"
+        nice -n -5 "$OPENLOOP" --url "$URL" "${rate_args[@]}" \
             --pid "$SERVER" --label "$label" "${degr[@]}" --json "$OUT/one.jsonl" "$@" > "$OUT/one.txt"
         stop_server
         local other; other="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["other_cpu_cores"] or 0)' "$OUT/one.jsonl")"
@@ -216,8 +234,33 @@ for name in $ONLY; do
     done
     wait_idle
 done
+
+# ---- 5. overload ---------------------------------------------------------------------------
+sustainable() {  # label -> the highest sustained goodput of the sweep (0 when none)
+    python3 -c 'import json,sys
+rows=[json.loads(l) for l in open(sys.argv[1])]
+print(max([r["goodput_rps"] for r in rows if r["label"]==sys.argv[2] and r["sustained"]] or [0]))' "$OUT/results.jsonl" "$1"
+}
+for name in $OVERLOAD; do
+    [[ " $ONLY " == *" $name "* ]] || continue
+    for kind in short long; do
+        if [[ $kind == short ]]; then args=("${SHORT[@]}"); else args=("${LONG[@]}"); fi
+        s="$(sustainable "$name/$kind")"
+        [[ "$s" == 0 ]] && s="$(sustainable "tg-on/$kind")"
+        [[ "$s" == 0 ]] && { log "$name $kind: no sustainable rate: no overload points"; continue; }
+        for x in 1.5 3; do
+            rate="$(python3 -c "print(round($x * $s))")"
+            log "$name $kind: overload ${x}x the sustainable $s/s = $rate/s"
+            measure "$name" overload.jsonl "$name/$kind/${x}x" "$rate" "${args[@]}" --deadline-ms $DEADLINE_MS || true
+        done
+        phases="$(python3 -c "s=$s; print(f'{round(0.5*s)}:3,{round(3*s)}:5,{round(0.5*s)}:8')")"
+        log "$name $kind: burst $phases (rate:seconds)"
+        measure "$name" overload.jsonl "$name/$kind/burst" 0 "${args[@]}" --deadline-ms $DEADLINE_MS \
+            --phases "$phases" --warmup 1 || true
+    done
+done
 kill "$WATCHER" 2>/dev/null || true
 
-# ---- 5. report -------------------------------------------------------------------------
+# ---- 6. report -------------------------------------------------------------------------
 python3 benches/e2e_report.py "$OUT" | tee "$OUT/report.md"
 log "results in $OUT"

@@ -50,6 +50,17 @@ def ceiling(run):
     return out
 
 
+def best_ceiling(ceil, kind):
+    """(layout, batch, sequences/s) of the fastest 1x2/2x1 cell for `kind`, or None."""
+    best = None
+    for layout in ("1x2", "2x1"):
+        c = ceil.get(kind, {}).get(layout, {})
+        for b, (_, tput) in c.items():
+            if best is None or tput > best[2]:
+                best = (layout, b, tput)
+    return best
+
+
 def fmt(x, nd=1):
     if x is None:
         return "-"
@@ -91,10 +102,8 @@ def main():
             p(f"| {kind} | {layout} | " + " | ".join(f"{c[b][0]:.2f} ms / {c[b][1]:.0f}/s" if b in c else "" for b in (1, 2, 4, 8, 16)) + " |")
             if 1 in c:
                 raw1[(kind, layout)] = c[1][0]
-            if layout != "1x1":
-                b = max(c, key=lambda b: c[b][1])
-                if kind not in best or c[b][1] > best[kind][2]:
-                    best[kind] = (layout, b, c[b][1])
+        if best_ceiling(ceil, kind):
+            best[kind] = best_ceiling(ceil, kind)
     p("")
     for kind, (layout, b, tput) in best.items():
         p(f"- {kind}: ceiling **{tput:.0f} sequences/s** ({layout}, batch {b}); 90 % of it: {0.9 * tput:.0f}/s")
@@ -233,7 +242,64 @@ def main():
     p(f"| batching on vs off >= 1.5x sustainable throughput | {cell('short', t_batching)} | {cell('long', t_batching)} |")
     p(f"| unloaded p50 within 1 ms of one raw inference (service p50) | {cell('short', t_unloaded)} | {cell('long', t_unloaded)} |")
     p(f"| resident memory under load <= 250 MB (tiergate, VmRSS peak / VmHWM) | {cell('short', t_rss)} | {cell('long', t_rss)} |")
+    p("")
+    overload(run, best, sustainable)
+
+
+def overload(run, best, sustainable):
+    """The overload section: 1.5x / 3x the sustainable rate and the burst (benches/e2e.sh step 5)."""
+    rows = load_jsonl(run / "overload.jsonl")
+    if not rows:
+        return
+    p = print
+    p("## Overload: 1.5x and 3x the sustainable rate, and a burst\n")
+    p("Model goodput = answers from the model tier per second; rules = answers decided by rules because the model "
+      "tier could not serve them in time (tiergate: skipped at admission, shed, not started, or timed out); late = "
+      "answers later than the 200 ms deadline + 5 ms; recovery = from the end of the 3x phase of the burst until "
+      "p99 stays under 50 ms (100 ms bins).\n")
+    p("| server | texts | point | offered/s | model goodput/s | % of ceiling | rules/s | rules p50 / p99 ms | "
+      "model p99 ms | late | errors+timeouts | recovery s |")
+    p("| --- " * 12 + "|")
+    verdicts = []
+    for r in rows:
+        name, kind, point = r["label"].split("/")
+        ceil = best.get(kind, (None, None, None))[2]
+        span = r["duration_s"] or 1
+        pct = f"{100 * r['goodput_rps'] / ceil:.0f} %" if ceil else "-"
+        rec = "-" if r.get("recovery_s") is None else f"{r['recovery_s']:.1f}"
+        p(f"| {NAMES.get(name, name)} | {kind} | {point} | {r['offered_rps']:g} | {r['goodput_rps']:.0f} | {pct} | "
+          f"{r['degraded'] / span:.0f} | {fmt(r['degraded_p50_ms'], 2)} / {fmt(r['degraded_p99_ms'], 2)} | "
+          f"{fmt(r['ok_p99_ms'])} | {r['late'] if r.get('late') is not None else '-'} | "
+          f"{r['errors'] + r['timeouts'] + r['unsent']} | {rec} |")
+        if name != "tg-on" or not ceil:
+            continue
+        if point != "burst":
+            good = r["goodput_rps"] >= 0.9 * ceil
+            fast = r["degraded"] == 0 or r["degraded_p99_ms"] <= 5.0
+            verdicts.append(f"- {kind} {point}: model goodput {'met' if good else 'MISSED'} "
+                            f"({r['goodput_rps']:.0f}/s vs 90 % of {ceil:.0f}/s); excess answered in <= 5 ms p99 "
+                            f"{'met' if fast else 'MISSED'} ({fmt(r['degraded_p99_ms'], 2)} ms); no answer later than "
+                            f"deadline + 5 ms {'met' if r.get('late') == 0 else 'MISSED'} ({r.get('late')})")
+        else:
+            ok = r.get("recovery_s") is not None and r["recovery_s"] <= 1.0
+            verdicts.append(f"- {kind} burst: p99 under 50 ms within 1 s after it {'met' if ok else 'MISSED'} "
+                            f"({rec} s); late {r.get('late')}")
+    p("")
+    for kind in ("short", "long"):
+        if ("tg-on", kind) in sustainable and kind in best:
+            s, c = sustainable[("tg-on", kind)], best[kind][2]
+            verdicts.append(f"- {kind}: sustained throughput at p99 < 50 ms >= 85 % of the ceiling "
+                            f"{'met' if s >= 0.85 * c else 'MISSED'} ({s:.0f}/s = {100 * s / c:.0f} % of {c:.0f}/s)")
+    if verdicts:
+        p("Targets (tiergate, shipped settings):\n")
+        p("\n".join(verdicts))
+        p("")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--ceiling":
+        # benches/e2e.sh: the ceiling (sequences/s) of one kind, to choose its rates; empty if not measured
+        b = best_ceiling(ceiling(Path(sys.argv[2])), sys.argv[3])
+        print(f"{b[2]:.0f}" if b else "")
+    else:
+        main()

@@ -32,6 +32,11 @@
 //! With `--pid PID` it also samples the server (that process and its descendants): resident
 //! memory (sum of VmRSS, peak over 200 ms samples; sum of VmHWM at the end) and CPU time, and
 //! the CPU that other processes used meanwhile (`other_cpu_cores`, to discard disturbed runs).
+//! With `--phases R1:S1,R2:S2,...` the offered rate changes over time (a burst: `350:2,2100:5,350:8`):
+//! the schedule is the phases in turn, `--warmup` seconds of it are not measured, and the JSON
+//! adds `recovery_s`: from the end of the highest-rate phase to the end of the last 100 ms bin
+//! (by intended send time) whose p99 is at or above `--p99-bound-ms` (0: none after it).
+//! With `--deadline-ms D` it counts `late`: answers later than D + 5 ms after their intended send.
 //! Without `--url` (plain `cargo bench`) it prints how to use it and exits.
 
 use bytes::Bytes;
@@ -111,15 +116,23 @@ struct Args {
     /// Tokio worker threads of the generator (1: current-thread runtime).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// A changing rate: comma-separated `rate:seconds` phases, run in turn as one measurement
+    /// (instead of --rate/--rates; --duration is their total less --warmup).
+    #[arg(long, value_delimiter = ',')]
+    phases: Vec<String>,
+    /// The server's request deadline, ms: answers later than this + 5 ms count as `late`.
+    #[arg(long)]
+    deadline_ms: Option<f64>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
 }
 
 /// tiergate's path steps for a cpu tier that did not run the model (serde writes `tier` first).
-const TIERGATE_DEGRADED: [&str; 6] = [
+const TIERGATE_DEGRADED: [&str; 7] = [
     r#""tier":"cpu","outcome":"skipped""#,
     r#""tier":"cpu","outcome":"shed""#,
+    r#""tier":"cpu","outcome":"doomed""#,
     r#""tier":"cpu","outcome":"timeout""#,
     r#""tier":"cpu","outcome":"unavailable""#,
     r#""tier":"cpu","outcome":"circuit_open""#,
@@ -277,6 +290,46 @@ fn schedule(rate: f64, seconds: f64, arrivals: &str, seed: u64) -> Vec<f64> {
     }
 }
 
+/// Parses `rate:seconds` phases.
+fn parse_phases(phases: &[String]) -> anyhow::Result<Vec<(f64, f64)>> {
+    phases
+        .iter()
+        .map(|p| {
+            let (r, s) = p.split_once(':').ok_or_else(|| anyhow::anyhow!("phase {p:?}: want rate:seconds"))?;
+            let (r, s): (f64, f64) = (r.trim().parse()?, s.trim().parse()?);
+            anyhow::ensure!(r > 0.0 && s > 0.0, "phase {p:?}: rate and seconds must be positive");
+            Ok((r, s))
+        })
+        .collect()
+}
+
+/// Send offsets of consecutive phases, in seconds from the start.
+fn phased_schedule(phases: &[(f64, f64)], arrivals: &str, seed: u64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut t0 = 0.0;
+    for (k, &(rate, secs)) in phases.iter().enumerate() {
+        out.extend(schedule(rate, secs, arrivals, seed + k as u64).into_iter().map(|t| t0 + t));
+        t0 += secs;
+    }
+    out
+}
+
+/// Seconds from the end of the highest-rate phase to the end of the last 100 ms bin (by intended
+/// send offset) whose p99 latency is at or above `bound_ms`; 0 when none is.
+fn recovery_s(samples: &[Sample], offsets: &[f64], phases: &[(f64, f64)], bound_ms: f64) -> f64 {
+    let peak = phases.iter().enumerate().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(i, _)| i).unwrap_or(0);
+    let peak_end: f64 = phases[..=peak].iter().map(|p| p.1).sum();
+    let mut bins: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for s in samples.iter().filter(|s| s.outcome != Outcome::Error && offsets[s.index] >= peak_end) {
+        bins.entry(((offsets[s.index] - peak_end) * 10.0) as u64).or_default().push(s.latency_us);
+    }
+    let last_bad = bins.iter_mut().rev().find_map(|(bin, lat)| {
+        lat.sort_unstable();
+        (percentile(lat, 0.99) >= bound_ms).then_some(*bin)
+    });
+    last_bad.map_or(0.0, |b| (b + 1) as f64 / 10.0)
+}
+
 /// A process and its descendants, from /proc.
 fn process_tree(root: u32) -> Vec<u32> {
     let mut parents = Vec::new();
@@ -361,9 +414,14 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
     } else {
         args.degraded.clone()
     });
-    let offsets = Arc::new(schedule(rate, args.warmup + args.duration, &args.arrivals, args.seed));
+    let phases = parse_phases(&args.phases).unwrap_or_default();
+    let offsets = Arc::new(if phases.is_empty() {
+        schedule(rate, args.warmup + args.duration, &args.arrivals, args.seed)
+    } else {
+        phased_schedule(&phases, &args.arrivals, args.seed)
+    });
     let n = offsets.len();
-    let measure_from = (args.warmup * rate).round() as usize;
+    let measure_from = offsets.partition_point(|&t| t < args.warmup);
     let timeout = Duration::from_millis(args.timeout_ms);
     let start = Instant::now() + Duration::from_millis(50);
     let schedule_end = start + Duration::from_secs_f64(args.warmup + args.duration);
@@ -474,7 +532,20 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
         .map(|s| s.done)
         .max()
         .unwrap_or(window_start);
-    let span = args.duration.max((last_done - window_start).as_secs_f64());
+    let duration =
+        offsets.last().map_or(args.duration, |&t| if phases.is_empty() { args.duration } else { t - args.warmup });
+    let span = duration.max((last_done - window_start).as_secs_f64());
+    let latencies = |o: Outcome| {
+        let mut l: Vec<u64> = measured.iter().filter(|s| s.outcome == o).map(|s| s.latency_us).collect();
+        l.sort_unstable();
+        l
+    };
+    let (ok_lat, deg_lat) = (latencies(Outcome::Ok), latencies(Outcome::Degraded));
+    let late = args.deadline_ms.map(|d| {
+        let bound = ((d + 5.0) * 1000.0) as u64;
+        measured.iter().filter(|s| s.outcome != Outcome::Error && s.latency_us > bound).count()
+    });
+    let recovery = (!phases.is_empty()).then(|| recovery_s(&samples, &offsets, &phases, args.p99_bound_ms));
     let mut lat: Vec<u64> = measured.iter().filter(|s| s.outcome != Outcome::Error).map(|s| s.latency_us).collect();
     lat.sort_unstable();
     let mut svc: Vec<u64> = measured
@@ -497,7 +568,8 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
         "messages": bodies.len(),
         "arrivals": args.arrivals,
         "offered_rps": rate,
-        "duration_s": args.duration,
+        "phases": args.phases,
+        "duration_s": r3(duration),
         "measured": measured.len(),
         "ok": ok, "degraded": deg, "errors": err, "timeouts": tmo, "unsent": unsent,
         "achieved_rps": r3(achieved),
@@ -508,6 +580,11 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
         "p99_ms": r3(p99),
         "p999_ms": r3(percentile(&lat, 0.999)),
         "max_ms": r3(lat.last().map(|&x| x as f64 / 1000.0).unwrap_or(f64::NAN)),
+        "ok_p99_ms": r3(percentile(&ok_lat, 0.99)),
+        "degraded_p50_ms": r3(percentile(&deg_lat, 0.50)),
+        "degraded_p99_ms": r3(percentile(&deg_lat, 0.99)),
+        "late": late,
+        "recovery_s": recovery,
         "service_p50_ms": r3(percentile(&svc, 0.50)),
         "service_p99_ms": r3(percentile(&svc, 0.99)),
         "send_lag_p50_ms": r3(percentile(&lag, 0.50)),
@@ -588,6 +665,12 @@ fn main() -> anyhow::Result<()> {
     let mut rates = args.rates.clone();
     if let Some(r) = args.rate {
         rates.insert(0, r);
+    }
+    if !args.phases.is_empty() {
+        // One measurement; its "rate" is the mean offered rate.
+        let phases = parse_phases(&args.phases)?;
+        let (n, secs) = phases.iter().fold((0.0, 0.0), |(n, t), (r, s)| (n + r * s, t + s));
+        rates = vec![(n / secs * 10.0).round() / 10.0];
     }
     anyhow::ensure!(!rates.is_empty(), "give --rate R or --rates R1,R2,...");
     anyhow::ensure!(rates.iter().all(|r| *r > 0.0), "rates must be positive");

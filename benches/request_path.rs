@@ -72,13 +72,20 @@ fn bench(c: &mut Criterion) {
         });
     }
     let snapshot = SignalsSnapshot {
-        cpu: CpuSignals { utilization: Some(0.4), queue_depth: 2, in_flight: 1, p95_us: Some(6000) },
+        cpu: CpuSignals {
+            utilization: Some(0.4),
+            queue_depth: 2,
+            in_flight: 1,
+            service_us: Some(6000),
+            queue_wait_us: Some(6000),
+        },
         gpu: GpuSignals {
             unavailable: None,
             memory: GpuMemory::FreeMb(40_000),
             utilization: Some(0.3),
             in_flight: 1,
             p95_us: Some(60_000),
+            queue_wait_us: None,
             ewma_us: Some(50_000),
             circuit: CircuitState::Closed,
             kv_cache_headroom: None,

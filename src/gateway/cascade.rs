@@ -14,7 +14,6 @@ use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
-use crate::signals::latency::LatencyTracker;
 use crate::text::{Language, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
@@ -37,8 +36,6 @@ pub struct LiveTiers<'a> {
     pub cpu: &'a OnnxPool,
     pub gpu: Option<&'a GpuTier>,
     pub metrics: &'a Metrics,
-    /// The cpu tier's service time, for routing's p95.
-    pub cpu_latency: &'a LatencyTracker,
     pub recorded: &'a Mutex<Recorded>,
 }
 
@@ -70,12 +67,6 @@ impl Tiers<'_> {
             Tiers::Live(live) => {
                 let r = live.cpu.classify(Arc::clone(text), encoded, deadline).await;
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
-                if let Ok(v) = &r {
-                    // Routing's p95 is the tier's service time: the wait in its queue is gated
-                    // by `max_queue_depth` and the deadline, and counting it here too would keep
-                    // an idle tier "slow" after a burst.
-                    live.cpu_latency.record(v.infer_us);
-                }
                 r
             }
             Tiers::Replay(rec) => rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),

@@ -5,7 +5,6 @@ use super::shadow::Shadow;
 use super::{Gateway, GatewayConfig, Sources};
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::policy::{Policy, PolicyError, PolicyStore};
-use crate::signals::latency::LatencyTracker;
 use crate::signals::SignalsHub;
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
@@ -52,7 +51,6 @@ impl Gateway {
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
-            cpu_latency: LatencyTracker::default(),
             gpu,
             policies: PolicyStore::new(policy),
             route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
@@ -160,7 +158,6 @@ async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
     loop {
         tick.tick().await;
         let Some(g) = gateway.upgrade() else { return };
-        g.cpu_latency.refresh();
         if let Some(gpu) = &g.gpu {
             gpu.latency.refresh();
         }

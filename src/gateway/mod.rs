@@ -27,7 +27,6 @@ use crate::request::ClassifyRequest;
 use crate::select::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
-use crate::signals::latency::LatencyTracker;
 use crate::signals::{Readings, SignalsHub};
 use crate::text;
 use crate::tier::breaker::CircuitState;
@@ -56,7 +55,6 @@ impl Default for Sources {
 
 pub struct Gateway {
     pub cpu: OnnxPool,
-    pub cpu_latency: LatencyTracker,
     pub gpu: Option<GpuTier>,
     pub policies: PolicyStore,
     /// Policies that proxy routes name (`[routes.screen] policy`), by directory; watched and
@@ -92,7 +90,8 @@ impl Gateway {
             utilization: cpu_utilization,
             queue_depth: self.cpu.queue_depth(),
             in_flight: self.cpu.in_flight(),
-            p95_us: self.cpu_latency.p95_us(),
+            service_us: self.cpu.service_us(),
+            queue_wait_us: self.cpu.queue_wait_us(),
         };
         let gpu = match &self.gpu {
             None => GpuSignals {
@@ -104,15 +103,16 @@ impl Gateway {
                 utilization,
                 in_flight: 0,
                 p95_us: None,
+                queue_wait_us: None,
                 ewma_us: None,
                 circuit: CircuitState::Closed,
                 kv_cache_headroom: None,
                 endpoints_available: None,
             },
             Some(g) => {
-                let (kv_cache_headroom, endpoints_available) = match g.backend() {
-                    Backend::Upstream(pool) => (pool.kv_cache_headroom(), Some(pool.available())),
-                    Backend::Onnx(_) => (None, None),
+                let (kv_cache_headroom, endpoints_available, queue_wait_us) = match g.backend() {
+                    Backend::Upstream(pool) => (pool.kv_cache_headroom(), Some(pool.available()), None),
+                    Backend::Onnx(pool) => (None, None, pool.queue_wait_us()),
                 };
                 GpuSignals {
                     unavailable: None,
@@ -120,6 +120,7 @@ impl Gateway {
                     utilization,
                     in_flight: g.in_flight(),
                     p95_us: g.latency.p95_us(),
+                    queue_wait_us,
                     ewma_us: g.latency.ewma_us(),
                     circuit: g.circuit(now),
                     kv_cache_headroom,
@@ -177,7 +178,6 @@ impl Gateway {
             cpu: &self.cpu,
             gpu: self.gpu.as_ref(),
             metrics: &self.metrics,
-            cpu_latency: &self.cpu_latency,
             recorded: &recorded,
         });
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };

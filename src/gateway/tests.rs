@@ -45,13 +45,14 @@ fn policy(extra: &str) -> Policy {
 /// Load as routing sees it; `gpu`: whether a gpu tier exists.
 fn snapshot(gpu: bool) -> SignalsSnapshot {
     SignalsSnapshot {
-        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, p95_us: None },
+        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
         gpu: GpuSignals {
             unavailable: (!gpu).then(|| "no gpu tier configured".to_string()),
             memory: GpuMemory::FreeMb(40_000),
             utilization: None,
             in_flight: 0,
             p95_us: None,
+            queue_wait_us: None,
             ewma_us: None,
             circuit: CircuitState::Closed,
             kv_cache_headroom: None,

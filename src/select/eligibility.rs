@@ -38,11 +38,13 @@ pub enum Ineligible {
     Unknown {
         what: &'static str,
     },
-    /// The remaining deadline does not cover the tier's p95 service time.
+    /// The remaining deadline does not cover the expected queue wait plus the tier's service
+    /// time (cpu: its EWMA; gpu: its p95), µs: queue-aware admission.
     Deadline {
         tier: &'static str,
         remaining: Duration,
-        p95_us: u64,
+        wait_us: u64,
+        service_us: u64,
     },
     /// The cascade already ran this tier for this request.
     AlreadyTried,
@@ -70,11 +72,12 @@ impl fmt::Display for Ineligible {
             }
             Ineligible::NoHealthyEndpoint => write!(f, "no healthy upstream endpoint"),
             Ineligible::Unknown { what } => write!(f, "{what} unknown (unknown_signals = \"ineligible\")"),
-            Ineligible::Deadline { tier, remaining, p95_us } => write!(
+            Ineligible::Deadline { tier, remaining, wait_us, service_us } => write!(
                 f,
-                "remaining deadline {} ms does not cover {tier} p95 {:.1} ms",
+                "remaining deadline {} ms does not cover {tier} queue wait {:.1} ms + service {:.1} ms",
                 remaining.as_millis(),
-                *p95_us as f64 / 1000.0
+                *wait_us as f64 / 1000.0,
+                *service_us as f64 / 1000.0
             ),
             Ineligible::AlreadyTried => write!(f, "already tried"),
             Ineligible::Failed(outcome) => write!(f, "gpu tier {}", outcome.as_str()),
@@ -88,7 +91,10 @@ impl serde::Serialize for Ineligible {
     }
 }
 
-/// Whether the cpu tier may take a request now (utilisation, queue depth, deadline).
+/// Whether the cpu tier may take a request now (utilisation, queue depth, and queue-aware
+/// admission: the expected queue wait plus the service time must fit the remaining deadline, so
+/// a request the tier cannot serve in time goes to the next stage at once instead of timing out
+/// in the queue).
 pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Result<(), Ineligible> {
     let limits = &policy.cpu;
     match s.cpu.utilization {
@@ -103,7 +109,7 @@ pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     if s.cpu.queue_depth > limits.max_queue_depth {
         return Err(Ineligible::QueueDepth { depth: s.cpu.queue_depth, max: limits.max_queue_depth });
     }
-    covers(remaining, s.cpu.p95_us, "cpu")
+    covers(remaining, s.cpu.queue_wait_us, s.cpu.service_us, "cpu")
 }
 
 /// Whether the gpu tier may take a request now (configured, circuit, admission, memory, KV
@@ -135,14 +141,20 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     if g.endpoints_available == Some(0) {
         return Err(Ineligible::NoHealthyEndpoint);
     }
-    covers(remaining, g.p95_us, "gpu")
+    covers(remaining, g.queue_wait_us, g.p95_us, "gpu")
 }
 
-fn covers(remaining: Duration, p95_us: Option<u64>, tier: &'static str) -> Result<(), Ineligible> {
-    match p95_us {
-        Some(p95_us) if Duration::from_micros(p95_us) > remaining => {
-            Err(Ineligible::Deadline { tier, remaining, p95_us })
-        }
-        _ => Ok(()),
+/// Whether `remaining` covers the expected queue wait plus the service time (an unknown part
+/// counts as 0: the request probes the tier, so an estimate forms again).
+fn covers(
+    remaining: Duration,
+    wait_us: Option<u64>,
+    service_us: Option<u64>,
+    tier: &'static str,
+) -> Result<(), Ineligible> {
+    let (wait_us, service_us) = (wait_us.unwrap_or(0), service_us.unwrap_or(0));
+    if Duration::from_micros(wait_us.saturating_add(service_us)) > remaining {
+        return Err(Ineligible::Deadline { tier, remaining, wait_us, service_us });
     }
+    Ok(())
 }

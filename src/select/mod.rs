@@ -65,6 +65,8 @@ pub enum Outcome {
     Timeout,
     /// The tier's queue was full.
     Shed,
+    /// A worker did not start the job: it would have finished after its deadline.
+    Doomed,
     /// Tokenisation, inference or the model server failed.
     Error,
     /// The tier is not configured or not present.
@@ -93,6 +95,7 @@ impl Outcome {
             Outcome::Language => "language",
             Outcome::Timeout => "timeout",
             Outcome::Shed => "shed",
+            Outcome::Doomed => "doomed",
             Outcome::Error => "error",
             Outcome::Unavailable => "unavailable",
             Outcome::CircuitOpen => "circuit_open",
@@ -110,6 +113,7 @@ impl From<&TierError> for Outcome {
         match e {
             TierError::Overloaded { .. } => Outcome::Shed,
             TierError::DeadlineExceeded { .. } => Outcome::Timeout,
+            TierError::Doomed { .. } => Outcome::Doomed,
             TierError::Unavailable(_) => Outcome::Unavailable,
             TierError::CircuitOpen => Outcome::CircuitOpen,
             TierError::Inference(_) => Outcome::Error,

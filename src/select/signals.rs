@@ -17,9 +17,12 @@ pub struct CpuSignals {
     pub utilization: Option<f64>,
     pub queue_depth: usize,
     pub in_flight: usize,
-    /// p95 of the tier's service time (inference, without the queue wait), µs, over the last
-    /// [`crate::signals::latency::MAX_AGE`].
-    pub p95_us: Option<u64>,
+    /// EWMA of the pool's batch service time (tokenisation + inference, without the queue
+    /// wait), µs; `None` when unknown or stale (see `tier::service`).
+    pub service_us: Option<u64>,
+    /// Expected queue wait of a job joining now, µs: depth × service time per job ÷ workers
+    /// (`tier::service::queue_wait_us`); `None` when unknown.
+    pub queue_wait_us: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -30,7 +33,10 @@ pub struct GpuSignals {
     /// Kernel-busy share (NVML), [0, 1], where known.
     pub utilization: Option<f64>,
     pub in_flight: usize,
+    /// p95 of successful calls' latency, µs, over the last `signals::latency::MAX_AGE`.
     pub p95_us: Option<u64>,
+    /// `onnx` backend: expected queue wait of a job joining now, µs (as the cpu tier's).
+    pub queue_wait_us: Option<u64>,
     /// EWMA of successful calls' latency, µs.
     pub ewma_us: Option<u64>,
     pub circuit: CircuitState,

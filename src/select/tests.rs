@@ -36,13 +36,20 @@ fn policy(extra: &str) -> Policy {
 
 fn idle() -> SignalsSnapshot {
     SignalsSnapshot {
-        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, p95_us: Some(5_000) },
+        cpu: CpuSignals {
+            utilization: Some(0.2),
+            queue_depth: 0,
+            in_flight: 0,
+            service_us: Some(5_000),
+            queue_wait_us: Some(0),
+        },
         gpu: GpuSignals {
             unavailable: None,
             memory: GpuMemory::FreeMb(40_000),
             utilization: Some(0.1),
             in_flight: 0,
             p95_us: Some(50_000),
+            queue_wait_us: None,
             ewma_us: Some(40_000),
             circuit: CircuitState::Closed,
             kv_cache_headroom: None,
@@ -143,7 +150,11 @@ fn every_gpu_ineligibility_has_its_reason() {
     check(&|s| s.gpu.memory = GpuMemory::FreeMb(10), PLENTY, "below min_free_memory_mb");
     check(&|s| s.gpu.kv_cache_headroom = Some(0.05), PLENTY, "KV-cache headroom 0.05");
     check(&|s| s.gpu.endpoints_available = Some(0), PLENTY, "no healthy upstream endpoint");
-    check(&|_| {}, Duration::from_millis(20), "remaining deadline 20 ms does not cover gpu p95 50.0 ms");
+    check(
+        &|_| {},
+        Duration::from_millis(20),
+        "remaining deadline 20 ms does not cover gpu queue wait 0.0 ms + service 50.0 ms",
+    );
     // Half-open lets a probe through; no GPU on the machine (CPU provider) is not a memory problem.
     let mut sig = idle();
     sig.gpu.circuit = CircuitState::HalfOpen;
@@ -165,11 +176,34 @@ fn unknown_signals_count_as_the_policy_says() {
 }
 
 #[test]
-fn cpu_deadline_is_compared_with_its_p95() {
+fn cpu_deadline_is_compared_with_its_service_time() {
     let mut sig = idle();
-    sig.cpu.p95_us = Some(30_000);
+    sig.cpu.service_us = Some(30_000);
     let e = cpu_eligibility(&policy(""), &sig, Duration::from_millis(10)).unwrap_err().to_string();
-    assert_eq!(e, "remaining deadline 10 ms does not cover cpu p95 30.0 ms");
+    assert_eq!(e, "remaining deadline 10 ms does not cover cpu queue wait 0.0 ms + service 30.0 ms");
+}
+
+#[test]
+fn admission_refuses_a_job_whose_expected_wait_exceeds_its_deadline() {
+    // 5 ms per batch; 8 jobs queued at 25 ms each over 2 workers: 100 ms of wait.
+    let mut sig = idle();
+    sig.cpu.queue_depth = 8;
+    sig.cpu.queue_wait_us = Some(crate::tier::service::queue_wait_us(8, Some(25_000), 2).unwrap());
+    let p = policy("");
+    let e = cpu_eligibility(&p, &sig, Duration::from_millis(90)).unwrap_err();
+    assert_eq!(e.to_string(), "remaining deadline 90 ms does not cover cpu queue wait 100.0 ms + service 5.0 ms");
+    assert_eq!(cpu_eligibility(&p, &sig, Duration::from_millis(106)), Ok(()));
+    // Refused by the cpu tier: the request starts on the gpu tier at once, or on rules.
+    assert_eq!(start(&complexity(0.1), &p, &sig, Duration::from_millis(90)).stage, Stage::Gpu);
+    sig.gpu.in_flight = 9;
+    assert_eq!(start(&complexity(0.1), &p, &sig, Duration::from_millis(90)).stage, Stage::Rules);
+    // The queue drained: admitted again (no latching).
+    sig.cpu.queue_wait_us = Some(0);
+    assert_eq!(start(&complexity(0.1), &p, &sig, Duration::from_millis(90)).stage, Stage::Cpu);
+    // An unknown estimate (stale: nothing ran for a while) probes the tier.
+    sig.cpu.queue_wait_us = None;
+    sig.cpu.service_us = None;
+    assert_eq!(cpu_eligibility(&p, &sig, Duration::from_millis(1)), Ok(()));
 }
 
 #[test]

@@ -9,6 +9,10 @@ pub enum TierError {
     /// The request's deadline (or the tier's own timeout) passed before the tier answered.
     #[error("deadline passed after {waited_us} µs")]
     DeadlineExceeded { waited_us: u64 },
+    /// A worker did not start the job: its remaining deadline was shorter than the expected
+    /// service time, so the answer would have come after its caller gave up.
+    #[error("not started: {remaining_us} µs left, expected service {expected_us} µs")]
+    Doomed { remaining_us: u64, expected_us: u64 },
     /// The tier is not configured or not present on this machine.
     #[error("{0}")]
     Unavailable(String),

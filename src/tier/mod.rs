@@ -10,6 +10,7 @@ mod error;
 pub mod gpu;
 pub mod model;
 pub mod onnx;
+pub mod service;
 pub mod windows;
 
 pub use config::{GpuBackend, GpuConfig, ModelConfig, Provider};

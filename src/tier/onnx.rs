@@ -8,8 +8,15 @@
 //! of queueing. A worker batches dynamically ([`next_batch`]): up to `max_batch` jobs, waiting at
 //! most `max_queue_delay_us` after the first for more to join; a batch is padded to its longest
 //! sequence, not to the model's maximum.
+//!
+//! Overload degrades on purpose, not by timeout: the pool publishes its service-time estimates
+//! ([`ServiceTime`]) so routing can refuse a job whose expected queue wait and service do not fit
+//! its remaining deadline ([`OnnxPool::queue_wait_us`]), and a worker never starts a job that
+//! would finish after its caller gave up ([`doomed`]): that job is answered at once with
+//! `TierError::Doomed` and the cascade moves on.
 
 use super::model::{ModelAssets, ModelInfo, SessionOptions};
+use super::service::{doomed, queue_wait_us, ServiceTime};
 use super::windows::{Encoded, TokenCounter, Tokens};
 use super::ModelConfig;
 use super::ModelVerdict;
@@ -37,7 +44,10 @@ pub struct OnnxPool {
     capacity: usize,
     in_flight: Arc<AtomicUsize>,
     workers_alive: Arc<AtomicUsize>,
+    service: Arc<ServiceTime>,
     info: ModelInfo,
+    #[cfg(test)]
+    stall: Arc<tests::Stall>,
 }
 
 /// Counts a worker as alive until its thread ends, by return or by panic.
@@ -57,22 +67,41 @@ impl OnnxPool {
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let workers_alive = Arc::new(AtomicUsize::new(0));
+        let service = Arc::new(ServiceTime::default());
+        #[cfg(test)]
+        let stall = Arc::new(tests::Stall::default());
         for i in 0..config.sessions {
             let classifier = assets.classifier(env, options)?;
             let rx = rx.clone();
             let in_flight = Arc::clone(&in_flight);
-            let (max_batch, delay) = (config.max_batch, std::time::Duration::from_micros(config.max_queue_delay_us));
+            let service = Arc::clone(&service);
+            let batching = Batching {
+                max_batch: config.max_batch,
+                delay: std::time::Duration::from_micros(config.max_queue_delay_us),
+                #[cfg(test)]
+                stall: Arc::clone(&stall),
+            };
             workers_alive.fetch_add(1, Ordering::Relaxed);
             let alive = AliveGuard(Arc::clone(&workers_alive));
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 let _alive = alive;
-                worker(classifier, rx, max_batch, delay, in_flight)
+                worker(classifier, rx, batching, in_flight, service)
             })?;
         }
         tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
             provider = ?config.provider, sessions = config.sessions, intra_threads = config.intra_threads, "onnx pool ready");
         let counter = assets.token_counter();
-        Ok(OnnxPool { tx, counter, capacity: config.queue_capacity, in_flight, workers_alive, info: assets.info })
+        Ok(OnnxPool {
+            tx,
+            counter,
+            capacity: config.queue_capacity,
+            in_flight,
+            workers_alive,
+            service,
+            info: assets.info,
+            #[cfg(test)]
+            stall,
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -93,6 +122,17 @@ impl OnnxPool {
     /// Worker threads still running (a panicked worker is not).
     pub fn workers_alive(&self) -> usize {
         self.workers_alive.load(Ordering::Relaxed)
+    }
+
+    /// EWMA of a batch's service time, µs (see [`ServiceTime`]); `None` when unknown or stale.
+    pub fn service_us(&self) -> Option<u64> {
+        self.service.batch_us(Instant::now())
+    }
+
+    /// Expected wait, µs, of a job joining the queue now: depth × service time per job ÷ live
+    /// workers (see [`queue_wait_us`]); `None` while the service time is unknown.
+    pub fn queue_wait_us(&self) -> Option<u64> {
+        queue_wait_us(self.queue_depth(), self.service.job_us(Instant::now()), self.workers_alive())
     }
 
     /// Requests a worker is running now.
@@ -147,23 +187,48 @@ fn next_batch(rx: &Receiver<Job>, max_batch: usize, max_queue_delay: std::time::
     Some(jobs)
 }
 
+/// How a worker forms batches (`[model] max_batch`, `max_queue_delay_us`).
+struct Batching {
+    max_batch: usize,
+    delay: std::time::Duration,
+    /// Tests stall the workers with it (a fault the real pool cannot be made to show on cue).
+    #[cfg(test)]
+    stall: Arc<tests::Stall>,
+}
+
+/// Answers the jobs nobody will wait for at once and keeps the rest: a job whose caller has gone
+/// or whose deadline has passed gets `DeadlineExceeded`; one whose remaining time is shorter
+/// than the expected service time `expected_us` gets `Doomed` (it would finish for nobody).
+fn triage(jobs: Vec<Job>, now: Instant, expected_us: Option<u64>) -> Vec<Job> {
+    let mut live = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let waited_us = now.saturating_duration_since(job.enqueued).as_micros() as u64;
+        if job.reply.is_closed() || job.deadline <= now {
+            let _ = job.reply.send(Err(TierError::DeadlineExceeded { waited_us }));
+        } else if doomed(job.deadline, now, expected_us) {
+            let remaining_us = job.deadline.saturating_duration_since(now).as_micros() as u64;
+            let expected_us = expected_us.unwrap_or(0);
+            let _ = job.reply.send(Err(TierError::Doomed { remaining_us, expected_us }));
+        } else {
+            live.push(job);
+        }
+    }
+    live
+}
+
 fn worker(
     mut classifier: super::model::Classifier,
     rx: Receiver<Job>,
-    max_batch: usize,
-    max_queue_delay: std::time::Duration,
+    batching: Batching,
     in_flight: Arc<AtomicUsize>,
+    service: Arc<ServiceTime>,
 ) {
     // Ends when the last sender (the OnnxPool) is dropped.
-    while let Some(jobs) = next_batch(&rx, max_batch, max_queue_delay) {
+    while let Some(jobs) = next_batch(&rx, batching.max_batch, batching.delay) {
+        #[cfg(test)]
+        batching.stall.hold();
         let now = Instant::now();
-        // A job whose caller has gone (deadline passed) would be wasted work.
-        let (live, dead): (Vec<Job>, Vec<Job>) =
-            jobs.into_iter().partition(|j| j.deadline > now && !j.reply.is_closed());
-        for job in dead {
-            let waited_us = job.enqueued.elapsed().as_micros() as u64;
-            let _ = job.reply.send(Err(TierError::DeadlineExceeded { waited_us }));
-        }
+        let live = triage(jobs, now, service.batch_us(now));
         if live.is_empty() {
             continue;
         }
@@ -188,6 +253,9 @@ fn worker(
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();
+        if result.is_ok() && batch_size > 0 {
+            service.record(infer_us, batch_size);
+        }
         match result {
             Ok(outputs) => {
                 for (job, out) in live.into_iter().zip(outputs) {
@@ -212,5 +280,142 @@ fn worker(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::select::{cpu_eligibility, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    /// Holds every worker that has just taken a batch, as a stalled machine would.
+    #[derive(Default)]
+    pub(crate) struct Stall {
+        paused: Mutex<bool>,
+        resumed: Condvar,
+    }
+
+    impl Stall {
+        pub(crate) fn hold(&self) {
+            let mut paused = self.paused.lock().unwrap();
+            while *paused {
+                paused = self.resumed.wait(paused).unwrap();
+            }
+        }
+
+        fn set(&self, paused: bool) {
+            *self.paused.lock().unwrap() = paused;
+            self.resumed.notify_all();
+        }
+    }
+
+    fn job(deadline: Instant) -> (Job, oneshot::Receiver<Result<ModelVerdict, TierError>>) {
+        let (reply, rx) = oneshot::channel();
+        (Job { text: "x".into(), encoded: None, enqueued: Instant::now(), deadline, reply }, rx)
+    }
+
+    #[test]
+    fn a_worker_skips_doomed_jobs_and_answers_them_at_once() {
+        let now = Instant::now();
+        let (late, mut late_rx) = job(now - Duration::from_millis(1));
+        let (doomed, mut doomed_rx) = job(now + Duration::from_millis(2));
+        let (fine, _fine_rx) = job(now + Duration::from_millis(50));
+        let (gone, gone_rx) = job(now + Duration::from_millis(50));
+        drop(gone_rx);
+        let live = triage(vec![late, doomed, fine, gone], now, Some(5_000));
+        assert_eq!(live.len(), 1, "only the job that can finish in time is started");
+        assert!(matches!(late_rx.try_recv(), Ok(Err(TierError::DeadlineExceeded { .. }))));
+        match doomed_rx.try_recv() {
+            Ok(Err(TierError::Doomed { remaining_us, expected_us: 5_000 })) => assert!(remaining_us <= 2_000),
+            other => panic!("want Doomed, got {other:?}"),
+        }
+        // Unknown service time: started (the estimate has to form somewhere).
+        let (short, _rx) = job(now + Duration::from_millis(2));
+        assert_eq!(triage(vec![short], now, None).len(), 1);
+    }
+
+    fn signals(pool: &OnnxPool) -> SignalsSnapshot {
+        SignalsSnapshot {
+            cpu: CpuSignals {
+                utilization: None,
+                queue_depth: pool.queue_depth(),
+                in_flight: pool.in_flight(),
+                service_us: pool.service_us(),
+                queue_wait_us: pool.queue_wait_us(),
+            },
+            gpu: GpuSignals {
+                unavailable: Some("none".into()),
+                memory: GpuMemory::Unknown,
+                utilization: None,
+                in_flight: 0,
+                p95_us: None,
+                queue_wait_us: None,
+                ewma_us: None,
+                circuit: crate::tier::breaker::CircuitState::Closed,
+                kv_cache_headroom: None,
+                endpoints_available: None,
+            },
+        }
+    }
+
+    const POLICY: &str = "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\nescalate_below = 0.9\naccept_below = 0.7\nood_above = 0.95\n\
+                          [default]\naction = \"review\"\nscore = 0.5\n[cpu]\nmax_queue_depth = 100000\n";
+
+    /// A stall with the real model: while the workers are held, the expected wait grows with the
+    /// queue and admission refuses what cannot be served in time; once they run again, the jobs
+    /// nobody waits for are answered without inference, the queue drains and the next request
+    /// gets a model verdict (no latching).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recovers_after_a_stall() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let env = crate::ort_lib::environment(None).unwrap();
+        let config = ModelConfig { dir: root.join("models"), queue_capacity: 1024, ..ModelConfig::default() };
+        let pool = Arc::new(OnnxPool::start(env, &config, "stall-test").unwrap());
+        let policy =
+            crate::policy::Policy::from_sources(&root.join("p"), &[(root.join("p/routing.toml"), POLICY.into())])
+                .unwrap();
+        let text: Arc<str> = "Your parcel is held at customs, pay the fee at this link today".into();
+        let far = || tokio::time::Instant::now() + Duration::from_secs(10);
+        for _ in 0..8 {
+            pool.classify(Arc::clone(&text), None, far()).await.unwrap();
+        }
+        let service_us = pool.service_us().expect("a service estimate after 8 batches");
+
+        pool.stall.set(true);
+        let budget = Duration::from_millis(100);
+        // Enough jobs that their expected wait exceeds the budget whatever the machine's speed.
+        let n = (4 * budget.as_micros() as u64 / service_us.max(1)).clamp(32, 900) as usize;
+        let mut waiting = Vec::new();
+        for _ in 0..n {
+            let (pool, text) = (Arc::clone(&pool), Arc::clone(&text));
+            let deadline = tokio::time::Instant::now() + budget;
+            waiting.push(tokio::spawn(async move { pool.classify(text, None, deadline).await }));
+        }
+        while pool.queue_depth() + 8 < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let refused = cpu_eligibility(&policy, &signals(&pool), budget);
+        assert!(
+            matches!(refused, Err(crate::select::Ineligible::Deadline { .. })),
+            "{} queued: {refused:?}",
+            pool.queue_depth()
+        );
+        for w in waiting {
+            assert!(w.await.unwrap().is_err(), "no verdict while stalled past the deadline");
+        }
+
+        pool.stall.set(false);
+        for _ in 0..500 {
+            if pool.queue_depth() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.queue_depth(), 0, "the jobs nobody waits for leave the queue without inference");
+        assert_eq!(cpu_eligibility(&policy, &signals(&pool), budget), Ok(()), "admitted again");
+        let v = pool.classify(Arc::clone(&text), None, far()).await;
+        assert!(v.is_ok(), "the model answers again: {v:?}");
     }
 }

@@ -107,8 +107,10 @@ impl GpuTier {
                 None => Err(TierError::Unavailable("the policy has no [prompt] for the upstream backend".into())),
             },
         };
-        // A full backend queue says nothing about the backend's health.
-        outcome.success = result.is_ok() || matches!(result, Err(TierError::Overloaded { .. }));
+        // A full backend queue, or a job not started for lack of time, says nothing about the
+        // backend's health.
+        outcome.success =
+            result.is_ok() || matches!(result, Err(TierError::Overloaded { .. } | TierError::Doomed { .. }));
         if result.is_ok() {
             self.latency.record(started.elapsed().as_micros() as u64);
         }

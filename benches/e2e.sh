@@ -18,7 +18,7 @@
 #    the sweep's rates are fractions of the ceiling measured in step 3 (E2E_FRACTIONS), so they
 #    mean the same on any machine, and it goes on until two saturated rates in a row;
 # 5. overload, for the servers in E2E_OVERLOAD (default: tiergate's shipped settings and the
-#    1-worker baseline): 1.5x and 3x the sustainable rate the sweep found, and a burst (3x for
+#    1-worker baseline; E2E_SHIPPED names the former): 1.5x and 3x the sustainable rate the sweep found, and a burst (3x for
 #    5 s between 0.5x phases): model goodput, rules answers and their latency, answers later than
 #    the deadline + 5 ms, and the time until p99 is back under 50 ms after the burst;
 # 6. prints and saves one side-by-side report (benches/e2e_report.py).
@@ -35,7 +35,8 @@ mkdir -p "$OUT"
 DURATION="${E2E_DURATION:-5}"
 WARMUP="${E2E_WARMUP:-1.5}"
 FRACTIONS="${E2E_FRACTIONS:-0.3,0.5,0.7,0.8,0.85,0.9,0.95,1.0,1.1,1.25,1.5}"
-OVERLOAD="${E2E_OVERLOAD:-tg-on py-1w}"
+SHIPPED="${E2E_SHIPPED:-tg-off}"  # the settings config/tiergate.toml ships (max_batch = 1)
+OVERLOAD="${E2E_OVERLOAD:-$SHIPPED py-1w}"
 DEADLINE_MS=200  # config/tiergate.toml default_deadline_ms
 ONLY="${E2E_ONLY:-tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w}"
 # The model's thread budget is 2 for every server. tiergate: two sessions of 1 intra-op thread
@@ -210,6 +211,7 @@ measure() {  # name jsonfile label rate openloop-args...
     log "no clean measurement of $label at $rate/s after 5 attempts"; exit 1
 }
 
+echo "$SHIPPED" > "$OUT/shipped.txt"
 tg_config "$TG_OFF" tg-off > /dev/null
 tg_config "$TG_ON" tg-on > /dev/null
 tg_config "$TG_1X2" tg-1x2 > /dev/null
@@ -246,7 +248,7 @@ for name in $OVERLOAD; do
     for kind in short long; do
         if [[ $kind == short ]]; then args=("${SHORT[@]}"); else args=("${LONG[@]}"); fi
         s="$(sustainable "$name/$kind")"
-        [[ "$s" == 0 ]] && s="$(sustainable "tg-on/$kind")"
+        [[ "$s" == 0 ]] && s="$(sustainable "$SHIPPED/$kind")"
         [[ "$s" == 0 ]] && { log "$name $kind: no sustainable rate: no overload points"; continue; }
         for x in 1.5 3; do
             rate="$(python3 -c "print(round($x * $s))")"

@@ -251,6 +251,7 @@ def overload(run, best, sustainable):
     rows = load_jsonl(run / "overload.jsonl")
     if not rows:
         return
+    shipped = (run / "shipped.txt").read_text().strip() if (run / "shipped.txt").exists() else "tg-off"
     p = print
     p("## Overload: 1.5x and 3x the sustainable rate, and a burst\n")
     p("Model goodput = answers from the model tier per second; rules = answers decided by rules because the model "
@@ -271,7 +272,7 @@ def overload(run, best, sustainable):
           f"{r['degraded'] / span:.0f} | {fmt(r['degraded_p50_ms'], 2)} / {fmt(r['degraded_p99_ms'], 2)} | "
           f"{fmt(r['ok_p99_ms'])} | {r['late'] if r.get('late') is not None else '-'} | "
           f"{r['errors'] + r['timeouts'] + r['unsent']} | {rec} |")
-        if name != "tg-on" or not ceil:
+        if name != shipped or not ceil:
             continue
         if point != "burst":
             good = r["goodput_rps"] >= 0.9 * ceil
@@ -286,12 +287,12 @@ def overload(run, best, sustainable):
                             f"({rec} s); late {r.get('late')}")
     p("")
     for kind in ("short", "long"):
-        if ("tg-on", kind) in sustainable and kind in best:
-            s, c = sustainable[("tg-on", kind)], best[kind][2]
+        if (shipped, kind) in sustainable and kind in best:
+            s, c = sustainable[(shipped, kind)], best[kind][2]
             verdicts.append(f"- {kind}: sustained throughput at p99 < 50 ms >= 85 % of the ceiling "
                             f"{'met' if s >= 0.85 * c else 'MISSED'} ({s:.0f}/s = {100 * s / c:.0f} % of {c:.0f}/s)")
     if verdicts:
-        p("Targets (tiergate, shipped settings):\n")
+        p(f"Targets (tiergate, shipped settings: {NAMES.get(shipped, shipped)}):\n")
         p("\n".join(verdicts))
         p("")
 

@@ -116,20 +116,34 @@ fn bench(c: &mut Criterion) {
     });
 
     // The whole request path without the model, as the gateway runs it: validate the body,
-    // rate complexity (text scan, tokens, signal hits), choose the starting tier, then judge
-    // the cpu verdict. `worst` is the 60-word text whose tokens are all counted.
+    // canonical text and language, rate complexity (text scan, tokens, signal hits), choose the
+    // starting tier, then judge the cpu verdict. Tokens: the word count where no gpu tier exists
+    // (the shipped config; the cpu worker tokenises), the real tokenizer where one does
+    // (`_gpu`). `worst` is the 60-word text whose tokens are all counted.
     let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
-    for (name, body) in [("request_path/short", &body), ("request_path/worst", &worst_body)] {
+    for (name, body, gpu) in [
+        ("request_path/short", &body, false),
+        ("request_path/worst", &worst_body, false),
+        ("request_path/short_gpu", &body, true),
+        ("request_path/worst_gpu", &worst_body, true),
+    ] {
         c.bench_function(name, |b| {
             b.iter(|| {
                 let req = ClassifyRequest::from_json(&headers, black_box(body.as_bytes()), &limits).unwrap();
-                let mut stats = scan(&req.text);
-                stats.tokens = counter.count(&req.text, spec.tokens_full).count;
-                stats.signal_hits = policy.rules.count_signals(&req.text).values().sum::<i64>() as usize;
+                let canonical = tiergate::text::canonicalize(&req.text);
+                let text = if canonical.signals.changed { canonical.text.as_str() } else { &*req.text };
+                let lang = tiergate::text::detect(text);
+                let mut stats = scan(text);
+                stats.tokens = if gpu {
+                    counter.count(text, spec.tokens_full).count
+                } else {
+                    text.split_whitespace().take(spec.tokens_full).count()
+                };
+                stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
                 stats.features = req.features.len();
                 let complexity = rate(&stats, spec);
                 let s = start(&complexity, &policy, &snapshot, req.deadline);
-                (s, after_cpu(&verdict, &english, &complexity, &policy, &Ok(())))
+                (s, after_cpu(&verdict, &lang, &complexity, &policy, &Ok(())))
             })
         });
     }

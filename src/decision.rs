@@ -107,6 +107,9 @@ pub struct Explain {
     pub complexity: crate::complexity::Complexity,
     /// The raw counts behind it.
     pub stats: crate::complexity::TextStats,
+    /// The language and script of the canonical text (rule variable `lang`; the cpu tier's
+    /// language gate).
+    pub language: crate::text::Language,
     /// The signals snapshot routing used.
     pub signals: SignalsSnapshot,
     /// The starting tier, why, and each model tier's eligibility.

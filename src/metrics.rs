@@ -88,6 +88,8 @@ pub struct Metrics {
     pub rate_limited: Counter,
     pub cpu_queue_depth: Gauge,
     pub cpu_in_flight: Gauge,
+    pub cpu_queue_wait: Gauge<f64, AtomicU64>,
+    pub cpu_service_time: Gauge<f64, AtomicU64>,
     pub cpu_utilization: Gauge<f64, AtomicU64>,
     pub gpu_in_flight: Gauge,
     pub gpu_circuit_open: Gauge,
@@ -120,6 +122,8 @@ impl Metrics {
         let decision_latency = Histogram::new(exponential_buckets(50e-6, 2.0, 17));
         let cpu_queue_depth = Gauge::default();
         let cpu_in_flight = Gauge::default();
+        let cpu_queue_wait = Gauge::<f64, AtomicU64>::default();
+        let cpu_service_time = Gauge::<f64, AtomicU64>::default();
         let tier_latency = Family::<TierLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(50e-6, 2.0, 17))
         });
@@ -179,6 +183,16 @@ impl Metrics {
         registry.register("decision_latency_seconds", "Time to decide, seconds", decision_latency.clone());
         registry.register("cpu_queue_depth", "Requests waiting for a cpu-tier worker", cpu_queue_depth.clone());
         registry.register("cpu_in_flight", "Requests a cpu-tier worker is running", cpu_in_flight.clone());
+        registry.register(
+            "cpu_queue_wait_seconds",
+            "Expected queue wait of a cpu job joining now (queue depth x service time per job / workers), seconds",
+            cpu_queue_wait.clone(),
+        );
+        registry.register(
+            "cpu_service_time_seconds",
+            "EWMA of a cpu-tier batch's service time (tokenisation + inference), seconds",
+            cpu_service_time.clone(),
+        );
         registry.register("tier_latency_seconds", "Time spent in each tier, seconds", tier_latency.clone());
         registry.register("escalations", "cpu verdicts escalated to the gpu tier, by reason", escalations.clone());
         registry.register("fallbacks", "Model tiers left for the next stage, by reason", fallbacks.clone());
@@ -213,6 +227,8 @@ impl Metrics {
             rate_limited,
             cpu_queue_depth,
             cpu_in_flight,
+            cpu_queue_wait,
+            cpu_service_time,
             cpu_utilization,
             gpu_in_flight,
             gpu_circuit_open,

@@ -10,9 +10,9 @@ use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
-const MAX_RISK_ALLOWED: usize = 8;
-const MAX_OK_BLOCKED: usize = 5;
-const MIN_ACCURACY: f64 = 0.83;
+const MAX_RISK_ALLOWED: usize = 2;
+const MAX_OK_BLOCKED: usize = 2;
+const MIN_ACCURACY: f64 = 0.94;
 
 #[tokio::test]
 async fn the_evasion_check_set_never_gets_worse() {
@@ -32,6 +32,12 @@ async fn the_evasion_check_set_never_gets_worse() {
         t[1] += ((d["label"] == "risk") == risk) as usize;
         t[2] += (risk && d["action"] == "allow") as usize;
         t[3] += (!risk && d["action"] == "block") as usize;
+        if (risk && d["action"] == "allow") || (!risk && d["action"] == "block") {
+            let text: String = row["text"].as_str().unwrap().chars().take(90).collect();
+            let how =
+                format!("{} by {} at risk {:.3}", d["action"], d["tier"], d["risk_score"].as_f64().unwrap_or(f64::NAN));
+            eprintln!("miss [{}] {how}: {text:?}", row["kind"].as_str().unwrap());
+        }
     }
     let mut total = [0usize; 4];
     eprintln!("{:<18} {:>4} {:>9} {:>13} {:>11}", "kind", "n", "accuracy", "risk allowed", "ok blocked");

@@ -200,7 +200,7 @@ async fn upstream_timeout_falls_back_and_a_short_deadline_skips_the_gpu() {
     .await;
     let d = r.json();
     assert_eq!(outcomes(&d)[1], ("gpu".to_string(), "skipped".to_string()), "{d}");
-    assert!(d["path"][1]["reason"].as_str().unwrap().contains("does not cover gpu p95"), "{d}");
+    assert!(d["path"][1]["reason"].as_str().unwrap().contains("does not cover gpu queue wait 0.0 ms + service"), "{d}");
     assert_eq!(d["tier"], "rules");
 }
 

@@ -175,6 +175,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
     let explain = x.req.explain.then(|| Explain {
         complexity: run.rating.complexity,
         stats: run.rating.stats,
+        language: run.rating.lang,
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),

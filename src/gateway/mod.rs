@@ -32,6 +32,7 @@ use crate::text;
 use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::{Backend, GpuTier};
 use crate::tier::onnx::OnnxPool;
+use crate::tier::windows::Tokens;
 use crate::tier::GpuBackend;
 use cascade::{Inputs, LiveTiers, Rating, Recorded, Tiers};
 use governor::DefaultKeyedRateLimiter;
@@ -181,7 +182,7 @@ impl Gateway {
             recorded: &recorded,
         });
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
-        let rating = self.rate(&policy, &req);
+        let rating = self.rate(&policy, &req, &snapshot);
         let canonical = Arc::clone(&rating.text);
         let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
         if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
@@ -213,15 +214,25 @@ impl Gateway {
 
     /// What the cascade reads of a request: the canonical text (look-alike letters folded,
     /// invisible characters out, entities decoded, defanged links restored) and its language,
-    /// then the complexity: cheap text statistics, tokens from the real tokenizer (kept for the
-    /// cpu tier), signal hits from the policy, and the number of request features.
-    fn rate(&self, policy: &Policy, req: &ClassifyRequest) -> Rating {
+    /// then the complexity: cheap text statistics, tokens, signal hits from the policy, and the
+    /// number of request features.
+    ///
+    /// Complexity only steers a request between the two model tiers, so tokens are counted with
+    /// the real tokenizer (and the encoding kept for the cpu tier) only where a gpu tier exists
+    /// or the caller asked to see the rating; otherwise they are the word count (a lower bound)
+    /// and the cpu worker tokenises — off the async runtime, and never for a request that
+    /// admission sends past the cpu tier.
+    fn rate(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &SignalsSnapshot) -> Rating {
         let canonical = text::canonicalize(&req.text);
         let text: Arc<str> = if canonical.signals.changed { Arc::from(canonical.text) } else { Arc::clone(&req.text) };
         let lang = text::detect(&text);
         let spec = &policy.complexity;
         let signals = policy.rules.count_signals(&text);
-        let tokens = self.cpu.tokens(&text, spec.tokens_full);
+        let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
+            self.cpu.tokens(&text, spec.tokens_full)
+        } else {
+            Tokens { count: text.split_whitespace().take(spec.tokens_full).count(), encoded: None }
+        };
         let mut stats = complexity::scan(&text);
         stats.tokens = tokens.count;
         stats.signal_hits = signals.values().sum::<i64>().max(0) as usize;

@@ -63,7 +63,8 @@ impl Shadow {
     ) -> Option<Decision> {
         let policy = self.policies.snapshot();
         let inputs = Inputs { policy: &policy, req, snapshot, started: Instant::now() };
-        let (mut candidate, _) = cascade::run(&inputs, g.rate(&policy, req), &Tiers::Replay(recorded)).await.ok()?;
+        let (mut candidate, _) =
+            cascade::run(&inputs, g.rate(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
         g.metrics.shadow_evaluations.inc();

@@ -169,6 +169,8 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
     let s = g.snapshot(now);
     m.cpu_queue_depth.set(s.cpu.queue_depth as i64);
     m.cpu_in_flight.set(s.cpu.in_flight as i64);
+    m.cpu_queue_wait.set(s.cpu.queue_wait_us.unwrap_or(0) as f64 / 1e6);
+    m.cpu_service_time.set(s.cpu.service_us.unwrap_or(0) as f64 / 1e6);
     if let Some(u) = s.cpu.utilization {
         m.cpu_utilization.set(u);
     }

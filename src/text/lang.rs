@@ -20,6 +20,15 @@ pub const MIN_LETTERS: usize = 20;
 /// Bulgarian at 0.17, "call me now" as Welsh at 0.09) do not.
 pub const MIN_CONFIDENCE: f64 = 0.5;
 
+/// A guess other than English that misses [`MIN_CONFIDENCE`] among 70 languages is confirmed
+/// when it beats English head to head (whatlang restricted to the two) with at least this
+/// confidence. Close languages split the 70-way confidence (a Portuguese or Spanish sentence
+/// scores 0.18-0.42 because the other is near), but against English the answer is clear: on the
+/// team's data every foreign message scored 1.0 head to head, while English messages that whatlang
+/// misread scored 0.11-0.90, and 17 of 4,791 English-labelled rows (half of them in fact Chinese,
+/// Portuguese or Hinglish) reached 0.99.
+pub const MIN_HEAD_TO_HEAD: f64 = 0.99;
+
 /// Only this many bytes from the start of the text (cut back to a character boundary) are
 /// looked at: plenty for a language guess, and whatlang's cost grows with the sample (about 0.1 ms
 /// for an SMS, 0.4 ms for 1 KB in a release build).
@@ -40,7 +49,8 @@ pub struct Language {
     /// whatlang's confidence in the language guess, 0.0 to 1.0 (0.0 when there is no guess).
     pub confidence: f64,
     /// Whether `code` can be trusted: the text has at least [`MIN_LETTERS`] letters and the
-    /// confidence is at least [`MIN_CONFIDENCE`].
+    /// confidence is at least [`MIN_CONFIDENCE`], or the guess beats English head to head
+    /// ([`MIN_HEAD_TO_HEAD`]).
     pub reliable: bool,
 }
 
@@ -56,8 +66,8 @@ pub fn detect(text: &str) -> Language {
             reliable: false,
         };
     };
-    let reliable = info.confidence() >= MIN_CONFIDENCE
-        && sample.chars().filter(|c| c.is_alphabetic()).take(MIN_LETTERS).count() >= MIN_LETTERS;
+    let enough = sample.chars().filter(|c| c.is_alphabetic()).take(MIN_LETTERS).count() >= MIN_LETTERS;
+    let reliable = enough && (info.confidence() >= MIN_CONFIDENCE || beats_english(sample, info.lang()));
     Language {
         code: if reliable { info.lang().code() } else { "und" },
         guess: info.lang().code(),
@@ -65,6 +75,14 @@ pub fn detect(text: &str) -> Language {
         confidence: info.confidence(),
         reliable,
     }
+}
+
+/// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.
+fn beats_english(sample: &str, lang: whatlang::Lang) -> bool {
+    lang != whatlang::Lang::Eng
+        && whatlang::Detector::with_allowlist(vec![whatlang::Lang::Eng, lang])
+            .detect(sample)
+            .is_some_and(|i| i.lang() == lang && i.confidence() >= MIN_HEAD_TO_HEAD)
 }
 
 /// The first [`MAX_SAMPLE_BYTES`] bytes of `text`, cut back to a character boundary.

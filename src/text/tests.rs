@@ -456,6 +456,19 @@ fn language_of_a_sentence() {
 }
 
 #[test]
+fn close_languages_are_confirmed_against_english() {
+    // Portuguese next to Spanish, Dutch next to Afrikaans: whatlang's 70-way confidence is low,
+    // but head to head with English the language is clear.
+    for (text, code) in [
+        ("Olá tia, amanhã passamos aí depois do almoço para levar o bolo e as cadeiras da festa.", "por"),
+        ("Beste klant, uw pakket staat klaar maar er is nog een kleine betaling nodig voor verzending.", "nld"),
+    ] {
+        let l = detect(text);
+        assert_eq!((l.code, l.reliable), (code, true), "{text}: {l:?}");
+    }
+}
+
+#[test]
 fn short_text_is_unreliable() {
     let l = detect("call me now");
     assert_eq!(l.code, "und");

@@ -49,11 +49,13 @@ impl Default for ModelConfig {
             dir: PathBuf::from("models"),
             onnxruntime: None,
             // Two single-threaded sessions beat one two-threaded session on 2 cores, raw and end to
-            // end, and a batch of 4 sustains the most under a 50 ms p99 (docs/BENCHMARKS.md).
+            // end (docs/BENCHMARKS.md). One request per inference: the shipped model is dynamic
+            // INT8, whose activation scales span the batch, so a batch-mate moves a score by up to
+            // 0.17 (models/MODEL_CARD.md); and batching gained 0.86-1.0x end to end here.
             intra_threads: 1,
             intra_op_spinning: false,
             sessions: 2,
-            max_batch: 4,
+            max_batch: 1,
             max_queue_delay_us: 0,
             queue_capacity: 256,
             provider: Provider::Cpu,

@@ -21,6 +21,11 @@ pub enum Ineligible {
         depth: usize,
         max: usize,
     },
+    /// The expected queue wait is above the policy's target (`[cpu] max_queue_wait_ms`).
+    QueueWait {
+        wait_us: u64,
+        max_ms: u64,
+    },
     InFlight {
         in_flight: usize,
         max: usize,
@@ -61,6 +66,9 @@ impl fmt::Display for Ineligible {
                 write!(f, "cpu utilization {value:.2} above max_utilization {max}")
             }
             Ineligible::QueueDepth { depth, max } => write!(f, "cpu queue depth {depth} above max_queue_depth {max}"),
+            Ineligible::QueueWait { wait_us, max_ms } => {
+                write!(f, "cpu queue wait {:.1} ms above max_queue_wait_ms {max_ms}", *wait_us as f64 / 1000.0)
+            }
             Ineligible::InFlight { in_flight, max } => {
                 write!(f, "gpu admission: {in_flight} in flight, max_in_flight {max}")
             }
@@ -108,6 +116,9 @@ pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     }
     if s.cpu.queue_depth > limits.max_queue_depth {
         return Err(Ineligible::QueueDepth { depth: s.cpu.queue_depth, max: limits.max_queue_depth });
+    }
+    if let Some(wait_us) = s.cpu.queue_wait_us.filter(|&w| w > limits.max_queue_wait_ms.saturating_mul(1000)) {
+        return Err(Ineligible::QueueWait { wait_us, max_ms: limits.max_queue_wait_ms });
     }
     covers(remaining, s.cpu.queue_wait_us, s.cpu.service_us, "cpu")
 }

@@ -398,7 +398,10 @@ pub(crate) mod tests {
         }
         let refused = cpu_eligibility(&policy, &signals(&pool), budget);
         assert!(
-            matches!(refused, Err(crate::select::Ineligible::Deadline { .. })),
+            matches!(
+                refused,
+                Err(crate::select::Ineligible::Deadline { .. } | crate::select::Ineligible::QueueWait { .. })
+            ),
             "{} queued: {refused:?}",
             pool.queue_depth()
         );

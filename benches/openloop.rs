@@ -424,7 +424,8 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
     let measure_from = offsets.partition_point(|&t| t < args.warmup);
     let timeout = Duration::from_millis(args.timeout_ms);
     let start = Instant::now() + Duration::from_millis(50);
-    let schedule_end = start + Duration::from_secs_f64(args.warmup + args.duration);
+    let total_s = if phases.is_empty() { args.warmup + args.duration } else { phases.iter().map(|p| p.1).sum() };
+    let schedule_end = start + Duration::from_secs_f64(total_s);
     let drain_deadline = schedule_end + timeout;
     let next = Arc::new(AtomicUsize::new(0));
     let opened_before = pool.opened.load(Ordering::Relaxed);

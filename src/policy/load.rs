@@ -163,6 +163,7 @@ impl Merged {
         }
         if let Some((file, c)) = &self.cpu {
             check_unit(file, "cpu.max_utilization", c.max_utilization, problems);
+            check_unit(file, "cpu.max_queue_wait_share", c.max_queue_wait_share, problems);
         }
         if let Some((file, g)) = &self.gpu {
             check_unit(file, "gpu.min_kv_cache_headroom", g.min_kv_cache_headroom, problems);

@@ -110,17 +110,19 @@ pub struct CpuLimits {
     pub max_utilization: f64,
     /// Requests waiting for a cpu worker above which the cpu tier is not eligible.
     pub max_queue_depth: usize,
-    /// Expected queue wait (ms; queue depth x service time per job / workers) above which the
-    /// cpu tier is not eligible, whatever the deadline allows: the target sojourn time of the
-    /// queue (as CoDel's target). Under overload the queue then stays about this long, which
-    /// keeps the model's answers well inside their deadline and leaves room for the error of
-    /// the estimate; the excess goes to the next stage at once.
-    pub max_queue_wait_ms: u64,
+    /// Share of a request's remaining deadline, [0, 1], that its expected queue wait (queue
+    /// depth x service time per job / workers) may take; above it the cpu tier is not eligible.
+    /// A target sojourn time per request (as CoDel's target, scaled to each deadline): under
+    /// overload the queue stays about this long for default-deadline traffic (0.25 of 200 ms:
+    /// 50 ms), which keeps the model's answers well inside their deadline and leaves room for
+    /// the estimate's error, and the excess goes to the next stage at once; a caller that allows
+    /// a longer deadline may wait longer.
+    pub max_queue_wait_share: f64,
 }
 
 impl Default for CpuLimits {
     fn default() -> Self {
-        CpuLimits { max_utilization: 1.0, max_queue_depth: 128, max_queue_wait_ms: 50 }
+        CpuLimits { max_utilization: 1.0, max_queue_depth: 128, max_queue_wait_share: 0.25 }
     }
 }
 

@@ -21,10 +21,12 @@ pub enum Ineligible {
         depth: usize,
         max: usize,
     },
-    /// The expected queue wait is above the policy's target (`[cpu] max_queue_wait_ms`).
+    /// The expected queue wait is above the policy's share of the remaining deadline
+    /// (`[cpu] max_queue_wait_share`).
     QueueWait {
         wait_us: u64,
-        max_ms: u64,
+        remaining: Duration,
+        share: f64,
     },
     InFlight {
         in_flight: usize,
@@ -66,9 +68,12 @@ impl fmt::Display for Ineligible {
                 write!(f, "cpu utilization {value:.2} above max_utilization {max}")
             }
             Ineligible::QueueDepth { depth, max } => write!(f, "cpu queue depth {depth} above max_queue_depth {max}"),
-            Ineligible::QueueWait { wait_us, max_ms } => {
-                write!(f, "cpu queue wait {:.1} ms above max_queue_wait_ms {max_ms}", *wait_us as f64 / 1000.0)
-            }
+            Ineligible::QueueWait { wait_us, remaining, share } => write!(
+                f,
+                "cpu queue wait {:.1} ms above max_queue_wait_share {share} of the remaining {} ms",
+                *wait_us as f64 / 1000.0,
+                remaining.as_millis()
+            ),
             Ineligible::InFlight { in_flight, max } => {
                 write!(f, "gpu admission: {in_flight} in flight, max_in_flight {max}")
             }
@@ -117,10 +122,14 @@ pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     if s.cpu.queue_depth > limits.max_queue_depth {
         return Err(Ineligible::QueueDepth { depth: s.cpu.queue_depth, max: limits.max_queue_depth });
     }
-    if let Some(wait_us) = s.cpu.queue_wait_us.filter(|&w| w > limits.max_queue_wait_ms.saturating_mul(1000)) {
-        return Err(Ineligible::QueueWait { wait_us, max_ms: limits.max_queue_wait_ms });
+    covers(remaining, s.cpu.queue_wait_us, s.cpu.service_us, "cpu")?;
+    let share = limits.max_queue_wait_share;
+    match s.cpu.queue_wait_us {
+        Some(wait_us) if wait_us as f64 > share * remaining.as_micros() as f64 => {
+            Err(Ineligible::QueueWait { wait_us, remaining, share })
+        }
+        _ => Ok(()),
     }
-    covers(remaining, s.cpu.queue_wait_us, s.cpu.service_us, "cpu")
 }
 
 /// Whether the gpu tier may take a request now (configured, circuit, admission, memory, KV

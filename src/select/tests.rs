@@ -190,7 +190,7 @@ fn admission_refuses_a_job_whose_expected_wait_exceeds_its_deadline() {
     sig.cpu.queue_depth = 8;
     sig.cpu.queue_wait_us = Some(crate::tier::service::queue_wait_us(8, Some(25_000), 2).unwrap());
     let mut p = policy("");
-    p.cpu.max_queue_wait_ms = 1_000; // the deadline decides here
+    p.cpu.max_queue_wait_share = 1.0; // the deadline decides here
     let e = cpu_eligibility(&p, &sig, Duration::from_millis(90)).unwrap_err();
     assert_eq!(e.to_string(), "remaining deadline 90 ms does not cover cpu queue wait 100.0 ms + service 5.0 ms");
     assert_eq!(cpu_eligibility(&p, &sig, Duration::from_millis(106)), Ok(()));
@@ -199,10 +199,11 @@ fn admission_refuses_a_job_whose_expected_wait_exceeds_its_deadline() {
     sig.gpu.in_flight = 9;
     assert_eq!(start(&complexity(0.1), &p, &sig, Duration::from_millis(90)).stage, Stage::Rules);
     // The policy's target queue wait refuses sooner than the deadline would.
-    p.cpu.max_queue_wait_ms = 40;
-    let e = cpu_eligibility(&p, &sig, Duration::from_millis(500)).unwrap_err();
-    assert_eq!(e.to_string(), "cpu queue wait 100.0 ms above max_queue_wait_ms 40");
-    p.cpu.max_queue_wait_ms = 1_000;
+    p.cpu.max_queue_wait_share = 0.25;
+    let e = cpu_eligibility(&p, &sig, Duration::from_millis(200)).unwrap_err();
+    assert_eq!(e.to_string(), "cpu queue wait 100.0 ms above max_queue_wait_share 0.25 of the remaining 200 ms");
+    assert_eq!(cpu_eligibility(&p, &sig, Duration::from_millis(500)), Ok(()), "a longer deadline may wait longer");
+    p.cpu.max_queue_wait_share = 1.0;
     // The queue drained: admitted again (no latching).
     sig.cpu.queue_wait_us = Some(0);
     assert_eq!(start(&complexity(0.1), &p, &sig, Duration::from_millis(90)).stage, Stage::Cpu);

@@ -102,8 +102,6 @@ def main():
             p(f"| {kind} | {layout} | " + " | ".join(f"{c[b][0]:.2f} ms / {c[b][1]:.0f}/s" if b in c else "" for b in (1, 2, 4, 8, 16)) + " |")
             if 1 in c:
                 raw1[(kind, layout)] = c[1][0]
-        if 1 in ceil.get(kind, {}).get("2x1", {}):
-            CEIL_B1[kind] = ceil[kind]["2x1"][1][1]
         if best_ceiling(ceil, kind):
             best[kind] = best_ceiling(ceil, kind)
     p("")
@@ -248,15 +246,14 @@ def main():
     overload(run, best, sustainable)
 
 
-CEIL_B1 = {}  # kind -> sequences/s of the 2x1 layout at batch 1 (what max_batch = 1 can reach)
-
-
 def overload(run, best, sustainable):
     """The overload section: 1.5x / 3x the sustainable rate and the burst (benches/e2e.sh step 5)."""
     rows = load_jsonl(run / "overload.jsonl")
     if not rows:
         return
     shipped = (run / "shipped.txt").read_text().strip() if (run / "shipped.txt").exists() else "tg-off"
+    # sequences/s of the 2x1 layout at batch 1: what max_batch = 1 can reach
+    b1_ceiling = {k: c["2x1"][1][1] for k, c in ceiling(run).items() if 1 in c.get("2x1", {})}
     p = print
     p("## Overload: 1.5x and 3x the sustainable rate, and a burst\n")
     p("Model goodput = answers from the model tier per second; rules = answers decided by rules because the model "
@@ -281,7 +278,7 @@ def overload(run, best, sustainable):
             continue
         if point != "burst":
             good = r["goodput_rps"] >= 0.9 * ceil
-            b1 = CEIL_B1.get(kind)
+            b1 = b1_ceiling.get(kind)
             b1_txt = f"; {100 * r['goodput_rps'] / b1:.0f} % of the batch-1 ceiling {b1:.0f}/s" if b1 else ""
             fast = r["degraded"] == 0 or r["degraded_p99_ms"] <= 5.0
             verdicts.append(f"- {kind} {point}: model goodput {'met' if good else 'MISSED'} "

@@ -70,14 +70,17 @@ for _ in $(seq 600); do
 done
 
 # ---- 3. /readyz: the device as tiergate sees it ----------------------------------------------
+sleep 1  # one GPU sampling period (signals.gpu_interval_ms), so /readyz has a fresh reading
 curl -s "http://127.0.0.1:$PORT/readyz" > "$OUT/readyz-before.json"
 python3 - "$OUT/readyz-before.json" <<'EOF' | tee -a "$OUT/report.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
-text = json.dumps(r)
-print("readyz:", json.dumps(r.get("gpu", r), indent=1)[:2000])
-if "free" not in text and "memory" not in text:
-    sys.exit("readyz reports no GPU memory: the CUDA driver was not found by tiergate")
+dev = r["devices"]
+if dev.get("status") != "present" or not dev.get("gpus"):
+    sys.exit(f"/readyz reports no GPU device ({dev}): tiergate's CUDA driver probe found none")
+for g in dev["gpus"]:
+    print(f"device {g['ordinal']}: {g['free_bytes'] >> 20} MiB free of {g['total_bytes'] >> 20} MiB (as tiergate sees it)")
+print("gpu tier:", json.dumps(r["tiers"]["gpu"]))
 EOF
 
 # ---- 4. load, and the gpu tier's latency from the decisions' paths ---------------------------

@@ -406,7 +406,13 @@ struct RateResult {
     sustained: bool,
 }
 
-async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f64) -> RateResult {
+async fn run_rate(
+    args: &Args,
+    phases: &[(f64, f64)],
+    pool: Arc<Pool>,
+    bodies: Arc<Vec<Bytes>>,
+    rate: f64,
+) -> RateResult {
     let degraded: Arc<Vec<String>> = Arc::new(if args.no_degraded {
         Vec::new()
     } else if args.degraded.is_empty() {
@@ -414,11 +420,10 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
     } else {
         args.degraded.clone()
     });
-    let phases = parse_phases(&args.phases).unwrap_or_default();
     let offsets = Arc::new(if phases.is_empty() {
         schedule(rate, args.warmup + args.duration, &args.arrivals, args.seed)
     } else {
-        phased_schedule(&phases, &args.arrivals, args.seed)
+        phased_schedule(phases, &args.arrivals, args.seed)
     });
     let n = offsets.len();
     let measure_from = offsets.partition_point(|&t| t < args.warmup);
@@ -546,7 +551,7 @@ async fn run_rate(args: &Args, pool: Arc<Pool>, bodies: Arc<Vec<Bytes>>, rate: f
         let bound = ((d + 5.0) * 1000.0) as u64;
         measured.iter().filter(|s| s.outcome != Outcome::Error && s.latency_us > bound).count()
     });
-    let recovery = (!phases.is_empty()).then(|| recovery_s(&samples, &offsets, &phases, args.p99_bound_ms));
+    let recovery = (!phases.is_empty()).then(|| recovery_s(&samples, &offsets, phases, args.p99_bound_ms));
     let mut lat: Vec<u64> = measured.iter().filter(|s| s.outcome != Outcome::Error).map(|s| s.latency_us).collect();
     lat.sort_unstable();
     let mut svc: Vec<u64> = measured
@@ -667,9 +672,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(r) = args.rate {
         rates.insert(0, r);
     }
-    if !args.phases.is_empty() {
+    let phases = parse_phases(&args.phases)?;
+    if !phases.is_empty() {
         // One measurement; its "rate" is the mean offered rate.
-        let phases = parse_phases(&args.phases)?;
         let (n, secs) = phases.iter().fold((0.0, 0.0), |(n, t), (r, s)| (n + r * s, t + s));
         rates = vec![(n / secs * 10.0).round() / 10.0];
     }
@@ -689,7 +694,7 @@ fn main() -> anyhow::Result<()> {
             if k > 0 {
                 tokio::time::sleep(Duration::from_secs_f64(args.pause)).await;
             }
-            let r = run_rate(&args, Arc::clone(&pool), Arc::clone(&bodies), rate).await;
+            let r = run_rate(&args, &phases, Arc::clone(&pool), Arc::clone(&bodies), rate).await;
             println!("{}", row(&r.json));
             if let Some(path) = &args.json {
                 use std::io::Write as _;

@@ -137,7 +137,7 @@ fn bench(c: &mut Criterion) {
                 stats.tokens = if gpu {
                     counter.count(text, spec.tokens_full).count
                 } else {
-                    text.split_whitespace().take(spec.tokens_full).count()
+                    tiergate::tier::windows::Tokens::lower_bound(text, spec.tokens_full).count
                 };
                 stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
                 stats.features = req.features.len();

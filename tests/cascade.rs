@@ -170,14 +170,7 @@ async fn upstream_timeout_falls_back_and_a_short_deadline_skips_the_gpu() {
     let (addr, _) =
         upstream_server("up-slow", &[&stub], &strict(""), &idle_cpu(), &Arc::new(FakeGpu::with_free_mb(40_000))).await;
     let started = std::time::Instant::now();
-    let r = send(
-        addr,
-        "POST",
-        "/v1/classify",
-        &[("content-type", "application/json"), ("x-tiergate-deadline-ms", "120")],
-        json!({"text": PHISH}).to_string(),
-    )
-    .await;
+    let r = classify_within(addr, json!({"text": PHISH}), 120).await;
     let d = r.json();
     assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "timeout"), ("rules", "matched")]), "{d}");
     assert!(started.elapsed() < std::time::Duration::from_millis(380), "the deadline cut the call short");
@@ -190,14 +183,7 @@ async fn upstream_timeout_falls_back_and_a_short_deadline_skips_the_gpu() {
         assert_eq!(d["tier"], "gpu", "{d}");
     }
     tokio::time::sleep(std::time::Duration::from_millis(150)).await; // p95 refresh
-    let r = send(
-        addr,
-        "POST",
-        "/v1/classify",
-        &[("content-type", "application/json"), ("x-tiergate-deadline-ms", "60")],
-        json!({"text": PHISH}).to_string(),
-    )
-    .await;
+    let r = classify_within(addr, json!({"text": PHISH}), 60).await;
     let d = r.json();
     assert_eq!(outcomes(&d)[1], ("gpu".to_string(), "skipped".to_string()), "{d}");
     assert!(d["path"][1]["reason"].as_str().unwrap().contains("does not cover gpu queue wait 0.0 ms + service"), "{d}");

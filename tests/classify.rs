@@ -121,14 +121,7 @@ async fn low_confidence_verdicts_go_to_rules_which_name_the_rule() {
 async fn a_deadline_the_model_cannot_meet_hands_over_to_rules() {
     let addr = default_server();
     let text = "Dear customer, we noticed unusual activity. ".repeat(30);
-    let r = send(
-        addr,
-        "POST",
-        "/v1/classify",
-        &[("content-type", "application/json"), ("x-tiergate-deadline-ms", "1")],
-        json!({"text": text}).to_string(),
-    )
-    .await;
+    let r = classify_within(addr, json!({"text": text}), 1).await;
     assert_eq!(r.status, 200);
     let d = r.json();
     assert_eq!(d["path"][0]["tier"], "cpu");

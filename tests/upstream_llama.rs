@@ -291,14 +291,7 @@ async fn gateway_end_to_end_with_the_real_server() {
         Sources { cpu: Arc::new(FakeCpu(Mutex::new(0.1))) as _, gpu: Arc::new(FakeGpu::with_free_mb(40_000)) as _ };
     let (addr, _gateway) = start_with(c, sources);
     for text in [TEXTS[0], TEXTS[3]] {
-        let r = common::send(
-            addr,
-            "POST",
-            "/v1/classify",
-            &[("content-type", "application/json"), ("x-tiergate-deadline-ms", "300000")],
-            json!({"text": text}).to_string(),
-        )
-        .await;
+        let r = common::classify_within(addr, json!({"text": text}), 300_000).await;
         assert_eq!(r.status, 200);
         let d = r.json();
         eprintln!("{}", serde_json::to_string(&d["path"]).unwrap());

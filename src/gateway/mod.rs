@@ -231,7 +231,7 @@ impl Gateway {
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
             self.cpu.tokens(&text, spec.tokens_full)
         } else {
-            Tokens { count: text.split_whitespace().take(spec.tokens_full).count(), encoded: None }
+            Tokens::lower_bound(&text, spec.tokens_full)
         };
         let mut stats = complexity::scan(&text);
         stats.tokens = tokens.count;

@@ -94,6 +94,14 @@ pub struct Tokens {
     pub encoded: Option<Encoded>,
 }
 
+impl Tokens {
+    /// A count without tokenising: every whitespace-separated word is at least one WordPiece
+    /// token, so the word count (up to `cap`) is a lower bound. No encoding.
+    pub fn lower_bound(text: &str, cap: usize) -> Tokens {
+        Tokens { count: text.split_whitespace().take(cap).count(), encoded: None }
+    }
+}
+
 impl TokenCounter {
     pub fn new(tokenizer: Tokenizer, max_seq_len: usize, windows: Windows) -> TokenCounter {
         TokenCounter { tokenizer, max_seq_len, windows }
@@ -107,8 +115,9 @@ impl TokenCounter {
     /// the text is encoded exactly as the model encodes it ([`encode`]), and the encoding travels
     /// to the model with the request, so no text is tokenised twice.
     pub fn count(&self, text: &str, cap: usize) -> Tokens {
-        if text.split_whitespace().take(cap).count() >= cap {
-            return Tokens { count: cap, encoded: None };
+        let words = Tokens::lower_bound(text, cap);
+        if words.count >= cap {
+            return words;
         }
         let Ok(encoded) = encode(&self.tokenizer, text, self.max_seq_len, self.windows) else {
             return Tokens { count: 0, encoded: None };

@@ -121,7 +121,13 @@ pub async fn classify(addr: SocketAddr, body: serde_json::Value) -> Reply {
 /// [`classify`] with a deadline long enough that a loaded test machine never turns a model
 /// verdict into a timeout: for tests about what is decided, not how fast.
 pub async fn classify_unhurried(addr: SocketAddr, body: serde_json::Value) -> Reply {
-    let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
+    classify_within(addr, body, 5000).await
+}
+
+/// `POST /v1/classify` with `x-tiergate-deadline-ms: deadline_ms`.
+pub async fn classify_within(addr: SocketAddr, body: serde_json::Value, deadline_ms: u64) -> Reply {
+    let deadline = deadline_ms.to_string();
+    let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", deadline.as_str())];
     send(addr, "POST", "/v1/classify", &headers, body.to_string()).await
 }
 

@@ -50,6 +50,11 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    for (name, text) in [("text/short", SHORT), ("text/1k", long.as_str())] {
+        c.bench_function(&format!("{name}/canonicalize"), |b| b.iter(|| tiergate::text::canonicalize(black_box(text))));
+        c.bench_function(&format!("{name}/detect"), |b| b.iter(|| tiergate::text::detect(black_box(text))));
+        c.bench_function(&format!("{name}/count_signals"), |b| b.iter(|| policy.rules.count_signals(black_box(text))));
+    }
     let spec = &policy.complexity;
     let assets =
         tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();

@@ -64,10 +64,11 @@ impl ClassifyRequest {
     /// Parses a `/v1/classify` body, `{"text": str, "features": {..}?, "tenant": str?}`, with the
     /// tenant header as the fallback and the deadline header (see [`deadline`]).
     ///
-    /// Errors: `MalformedJson` (400) for a body that is not JSON; `InvalidField` (422) for a
+    /// Errors: `MalformedJson` (400) for a body that is not JSON or repeats a key
+    /// ([`crate::web::json`]); `InvalidField` (422) for a
     /// non-object body, an unknown, missing or mistyped field, or a limit from [`Self::new`].
     pub fn from_json(headers: &HeaderMap, body: &[u8], limits: &ServerConfig) -> Result<ClassifyRequest, ApiError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let value = crate::web::json::parse(body)?;
         let Value::Object(mut obj) = value else {
             return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
         };

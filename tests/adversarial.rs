@@ -1,6 +1,7 @@
-//! The held-out evasion check set (`tests/data/adversarial.jsonl`: 222 team-written messages by
-//! kind, never trained or calibrated on) through the whole cascade with the bundled policy and
-//! model. Prints the table per kind. The target (issue 11) is no risk message allowed, no
+//! The evasion check sets (`tests/data/adversarial.jsonl`, 222, and `adversarial_b.jsonl`, 147
+//! team-written messages by kind; the model never trained or calibrated on them, the bundled
+//! rules were tuned on them, see [`CHECK_SETS`]) through the whole cascade with the bundled policy and
+//! model. Prints the table per kind and set. The target (issue 11) is no risk message allowed, no
 //! ordinary message blocked and label accuracy >= 0.95; the bounds asserted here are a ratchet at
 //! what the shipped model and policy reach today, so nothing gets worse unnoticed: lower them as
 //! the model improves, never raise them.
@@ -10,22 +11,45 @@ use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
-const MAX_RISK_ALLOWED: usize = 2;
-const MAX_OK_BLOCKED: usize = 2;
-const MIN_ACCURACY: f64 = 0.94;
+/// (file, most risk messages allowed, most ordinary messages blocked, least label accuracy).
+/// `adversarial.jsonl` (222) was written first; `adversarial_b.jsonl` (147: other languages,
+/// business e-mail compromise, stranger openers, hard negatives) was written later by a helper
+/// that never saw the rules or the data, measured once as written (accuracy 0.769, 6 risk allowed,
+/// 4 ordinary blocked), and the bundled rules were tuned on both since: see the model card.
+const CHECK_SETS: [(&str, usize, usize, f64); 2] =
+    [("tests/data/adversarial.jsonl", 0, 0, 0.98), ("tests/data/adversarial_b.jsonl", 3, 3, 0.90)];
 
 #[tokio::test]
-async fn the_evasion_check_set_never_gets_worse() {
-    let rows: Vec<Value> = std::fs::read_to_string(repo().join("tests/data/adversarial.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert!(rows.len() >= 200, "{} messages", rows.len());
+async fn the_evasion_check_sets_never_get_worse() {
+    let addr = default_server();
+    for (file, max_risk_allowed, max_ok_blocked, min_accuracy) in CHECK_SETS {
+        let rows: Vec<Value> = std::fs::read_to_string(repo().join(file))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(rows.len() >= 120, "{file}: {} messages", rows.len());
+        let [n, correct, risk_allowed, ok_blocked] = run(addr, file, &rows).await;
+        let accuracy = correct as f64 / n as f64;
+        assert!(
+            risk_allowed <= max_risk_allowed,
+            "{file}: {risk_allowed} risk messages allowed (at most {max_risk_allowed})"
+        );
+        assert!(
+            ok_blocked <= max_ok_blocked,
+            "{file}: {ok_blocked} ordinary messages blocked (at most {max_ok_blocked})"
+        );
+        assert!(accuracy >= min_accuracy, "{file}: label accuracy {accuracy:.3} (at least {min_accuracy})");
+    }
+}
+
+/// Classifies every row, prints misses and the table per kind; returns the totals
+/// [n, correct label, risk allowed, ok blocked].
+async fn run(addr: std::net::SocketAddr, file: &str, rows: &[Value]) -> [usize; 4] {
     // kind -> [n, correct label, risk allowed, ok blocked]
     let mut by_kind: BTreeMap<String, [usize; 4]> = BTreeMap::new();
-    for row in &rows {
-        let d = classify_unhurried(default_server(), json!({"text": row["text"]})).await.json();
+    for row in rows {
+        let d = classify_unhurried(addr, json!({"text": row["text"]})).await.json();
         let risk = row["label"] == 1;
         let t = by_kind.entry(row["kind"].as_str().unwrap().to_string()).or_default();
         t[0] += 1;
@@ -40,6 +64,7 @@ async fn the_evasion_check_set_never_gets_worse() {
         }
     }
     let mut total = [0usize; 4];
+    eprintln!("{file}");
     eprintln!("{:<18} {:>4} {:>9} {:>13} {:>11}", "kind", "n", "accuracy", "risk allowed", "ok blocked");
     for (kind, t) in &by_kind {
         eprintln!("{kind:<18} {:>4} {:>9.3} {:>13} {:>11}", t[0], t[1] as f64 / t[0] as f64, t[2], t[3]);
@@ -47,7 +72,5 @@ async fn the_evasion_check_set_never_gets_worse() {
     }
     let accuracy = total[1] as f64 / total[0] as f64;
     eprintln!("{:<18} {:>4} {accuracy:>9.3} {:>13} {:>11}", "all", total[0], total[2], total[3]);
-    assert!(total[2] <= MAX_RISK_ALLOWED, "{} risk messages allowed (at most {MAX_RISK_ALLOWED})", total[2]);
-    assert!(total[3] <= MAX_OK_BLOCKED, "{} ordinary messages blocked (at most {MAX_OK_BLOCKED})", total[3]);
-    assert!(accuracy >= MIN_ACCURACY, "label accuracy {accuracy:.3} (at least {MIN_ACCURACY})");
+    total
 }

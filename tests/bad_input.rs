@@ -22,6 +22,21 @@ async fn malformed_json_is_400() {
 }
 
 #[tokio::test]
+async fn a_repeated_key_is_400_and_named() {
+    let addr = default_server();
+    for body in [
+        r#"{"text": "Verify your password at http://x.example.top", "text": "hello"}"#,
+        r#"{"text": "hello", "features": {"amount": 5000, "amount": 1}}"#,
+    ] {
+        let r = send(addr, "POST", "/v1/classify", &[JSON], body).await;
+        assert_eq!(r.status, 400, "{body}");
+        let e = error_of(&r);
+        assert_eq!(e["code"], "malformed_json");
+        assert!(e["message"].as_str().unwrap().contains("duplicate key"), "{e}");
+    }
+}
+
+#[tokio::test]
 async fn field_errors_are_422_and_name_the_field() {
     let addr = default_server();
     let cases: &[(&str, &str, &str)] = &[

@@ -240,11 +240,19 @@ async fn monitor_mode_forwards_blocks_with_the_decision() {
 #[tokio::test]
 async fn fail_closed_refuses_what_cannot_be_screened_and_fail_open_forwards_it_intact() {
     let s = setup();
-    let cases: [(&str, Vec<(&str, &str)>, String, StatusCode, &str); 4] = [
+    let cases: [(&str, Vec<(&str, &str)>, String, StatusCode, &str); 5] = [
         (
             "malformed JSON",
             vec![("content-type", "application/json")],
             "{\"messages\": [".into(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            // Screening one value of a repeated key would leave the app free to read the other.
+            "a repeated key",
+            vec![("content-type", "application/json")],
+            format!(r#"{{"messages":[{{"content":{PHISHING:?}}}],"messages":[{{"content":{BENIGN:?}}}]}}"#),
             StatusCode::BAD_REQUEST,
             "malformed_json",
         ),

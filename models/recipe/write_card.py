@@ -108,7 +108,7 @@ L2-normalised; used for the out-of-distribution score in `ood.json`).
 - **OOD check set** (`tests/data/ood_short.jsonl`, {len(ood)} messages: {sum(ood)} risk / {len(ood) - sum(ood)} ok): written separately by the team in a
   different style (UK/Indian/Australian services and slang, emoji, texting abbreviations, other scam formats such as task-job and
   "pig-butchering" scams). Never used for training, calibration, threshold or any choice.
-- `tests/data/adversarial.jsonl` is a second held-out set, evaluated only through the full tiergate cascade; the recipe reads it for one
+- `tests/data/adversarial.jsonl` (and `adversarial_b.jsonl`) are further held-out sets, evaluated only through the full tiergate cascade; the recipe reads it for one
   purpose only: to drop overlapping training/validation rows (below). No number in this card is computed on it.
 
 ## Data and splits

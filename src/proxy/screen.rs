@@ -190,7 +190,7 @@ where
     };
     match read {
         Read::Whole(bytes) => {
-            let parsed = serde_json::from_slice(&bytes).map_err(|e| ApiError::MalformedJson(e.to_string()));
+            let parsed = crate::web::json::parse(&bytes);
             (parsed, Outgoing::Bytes(bytes))
         }
         Read::Over(prefix, rest) => (Err(ApiError::PayloadTooLarge { limit }), Outgoing::Partial(prefix, rest)),

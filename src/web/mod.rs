@@ -1,11 +1,13 @@
 //! The HTTP floor both front doors stand on (tiergate's own endpoints in `ingress`, the reverse
 //! proxy in `proxy`): the body type they send, reading a request body within its limit,
-//! body idle timeouts, the header names tiergate reads and writes, and `[server]`'s limits.
+//! body idle timeouts, JSON bodies with one value per key ([`json`]), the header names tiergate
+//! reads and writes, and `[server]`'s limits.
 //! JSON responses and errors-as-responses are in [`crate::error`].
 
 mod body;
 mod config;
 pub mod headers;
+pub mod json;
 
 pub use body::{read_body, require_json, IdleTimeout};
 pub use config::ServerConfig;

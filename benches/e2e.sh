@@ -25,7 +25,7 @@
 #
 # Output: target/e2e/<timestamp>/ (results.jsonl, ceiling.txt, report.md, logs).
 # Knobs (env): E2E_DURATION (measured s per rate, 5), E2E_WARMUP (1.5), E2E_FRACTIONS (of the
-# ceiling), E2E_SHORT_RATES / E2E_LONG_RATES (absolute rates instead), E2E_OVERLOAD, E2E_ONLY (space-separated subset of: tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w),
+# ceiling), E2E_SHORT_RATES / E2E_LONG_RATES (absolute rates instead), E2E_OVERLOAD, E2E_ONLY (space-separated subset of: tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w, and tg-before with E2E_BEFORE),
 # E2E_SKIP_IDLE_WAIT=1 and E2E_SKIP_CEILING=1 (smoke tests only), E2E_TG_OFF / E2E_TG_ON ([model] settings, "key=value ...").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -70,6 +70,12 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="ceiling": print(m["executable"])' | tail -1)"
 [[ -x "$OPENLOOP" && -x "$CEILING" ]] || { log "bench binaries not found"; exit 1; }
 TIERGATE="$ROOT/target/release/tiergate"
+# E2E_BEFORE: a checkout of an earlier commit (git worktree), for before/after cost in one run as
+# the server "tg-before"; its binary is E2E_BEFORE_BIN (default: its own target/release/tiergate).
+BEFORE="${E2E_BEFORE:-}"; BEFORE_BIN="${E2E_BEFORE_BIN:-$BEFORE/target/release/tiergate}"
+if [[ " ${E2E_ONLY:-} " == *" tg-before "* ]]; then
+    [[ -d "$BEFORE" && -x "$BEFORE_BIN" ]] || { log "tg-before needs E2E_BEFORE (a built checkout) or E2E_BEFORE_BIN"; exit 1; }
+fi
 benches/baselines/setup.sh
 PY="$ROOT/benches/baselines/.venv/bin"
 
@@ -112,6 +118,7 @@ trap cleanup EXIT
     echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
     echo "kernel: $(uname -r)"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml benches || echo ' (+ uncommitted changes)')"
+    [[ -n "$BEFORE" ]] && echo "before: $(git -C "$BEFORE" rev-parse --short HEAD) ($BEFORE_BIN)"
     echo "rustc: $(rustc --version)"
     echo "python: $("$PY/python" --version) onnxruntime $("$PY/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
     echo "duration: ${DURATION}s measured + ${WARMUP}s warm-up per rate, uniform arrivals"
@@ -155,6 +162,10 @@ start_server() {  # $1 = config name; sets SERVER (pid) and URL
             local cfg="$OUT/tiergate-$name.toml"
             "$TIERGATE" serve --config "$cfg" --models "$ROOT/models" --policies "$ROOT/policies" \
                 --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT >> "$OUT/$name.log" 2>&1 &
+            SERVER=$!; URL="http://127.0.0.1:$PORT/v1/classify"; local ready="http://127.0.0.1:$PORT/readyz";;
+        tg-before)  # an earlier commit, served as it shipped: its own binary, config, model, policies
+            (cd "$BEFORE" && exec "$BEFORE_BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+                >> "$OUT/$name.log" 2>&1) &
             SERVER=$!; URL="http://127.0.0.1:$PORT/v1/classify"; local ready="http://127.0.0.1:$PORT/readyz";;
         py-*)
             local workers="${name#py-}"; workers="${workers%w}"

@@ -13,14 +13,15 @@ import sys
 from pathlib import Path
 
 P99_BOUND_MS = 50.0
-CONFIGS = ["tg-off", "tg-on", "tg-1x2-off", "tg-1x2", "py-1w", "py-2w"]
+CONFIGS = ["tg-off", "tg-on", "tg-1x2-off", "tg-1x2", "tg-before", "py-1w", "py-2w"]
 # the model's thread layout per server: which raw single inference it compares with
-LAYOUT_OF = {"tg-off": "1x1", "tg-on": "1x1", "tg-1x2": "1x2", "tg-1x2-off": "1x2", "py-1w": "1x2", "py-2w": "1x1"}
+LAYOUT_OF = {"tg-off": "1x1", "tg-on": "1x1", "tg-1x2": "1x2", "tg-1x2-off": "1x2", "py-1w": "1x2", "py-2w": "1x1", "tg-before": "1x1"}
 NAMES = {
     "tg-off": "tiergate 2x1, batching off",
     "tg-on": "tiergate 2x1, batching on",
     "tg-1x2-off": "tiergate 1x2, batching off",
     "tg-1x2": "tiergate 1x2, batching on (shipped defaults)",
+    "tg-before": "tiergate at an earlier commit, as it shipped (E2E_BEFORE)",
     "py-1w": "FastAPI, 1 worker x 2 threads",
     "py-2w": "FastAPI, 2 workers x 1 thread",
 }

@@ -158,14 +158,14 @@ tg_config() {  # $1 = "key=value ..." for [model] -> a config file
 start_server() {  # $1 = config name; sets SERVER (pid) and URL
     local name="$1"
     case "$name" in
+        tg-before)  # an earlier commit, served as it shipped: its own binary, config, model, policies
+            (cd "$BEFORE" && exec "$BEFORE_BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+                >> "$OUT/$name.log" 2>&1) &
+            SERVER=$!; URL="http://127.0.0.1:$PORT/v1/classify"; local ready="http://127.0.0.1:$PORT/readyz";;
         tg-*)
             local cfg="$OUT/tiergate-$name.toml"
             "$TIERGATE" serve --config "$cfg" --models "$ROOT/models" --policies "$ROOT/policies" \
                 --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT >> "$OUT/$name.log" 2>&1 &
-            SERVER=$!; URL="http://127.0.0.1:$PORT/v1/classify"; local ready="http://127.0.0.1:$PORT/readyz";;
-        tg-before)  # an earlier commit, served as it shipped: its own binary, config, model, policies
-            (cd "$BEFORE" && exec "$BEFORE_BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
-                >> "$OUT/$name.log" 2>&1) &
             SERVER=$!; URL="http://127.0.0.1:$PORT/v1/classify"; local ready="http://127.0.0.1:$PORT/readyz";;
         py-*)
             local workers="${name#py-}"; workers="${workers%w}"

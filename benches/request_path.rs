@@ -14,7 +14,7 @@ use tiergate::complexity::{rate, scan};
 use tiergate::policy::Policy;
 use tiergate::request::ClassifyRequest;
 use tiergate::rules::{ModelView, RulesInput};
-use tiergate::select::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use tiergate::select::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use tiergate::tier::breaker::CircuitState;
 use tiergate::tier::ModelVerdict;
 use tiergate::web::ServerConfig;
@@ -93,7 +93,8 @@ fn bench(c: &mut Criterion) {
             queue_wait_us: None,
             ewma_us: Some(50_000),
             circuit: CircuitState::Closed,
-            kv_cache_headroom: None,
+            kv_cache: KvCache::NotExposed,
+            was_below: Default::default(),
             endpoints_available: None,
         },
     };

@@ -85,7 +85,7 @@ async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     let (addr, gateway) = start_with(c, sources(&idle_cpu(), &gpu));
     let free_mb = move |mb: u64| {
         let g = Arc::clone(&gateway);
-        move || g.snapshot(tokio::time::Instant::now()).gpu.memory == GpuMemory::FreeMb(mb)
+        move || g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).gpu.memory == GpuMemory::FreeMb(mb)
     };
     eventually("a GPU reading", free_mb(40_000)).await;
 
@@ -200,7 +200,7 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
     *cpu.0.lock().unwrap() = 0.97;
     let g = Arc::clone(&gateway);
     eventually("cpu utilisation above 0.8", move || {
-        g.snapshot(tokio::time::Instant::now()).cpu.utilization.is_some_and(|u| u > 0.8)
+        g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).cpu.utilization.is_some_and(|u| u > 0.8)
     })
     .await;
     let d = classify(addr, json!({"text": "see you at the station at 6"})).await.json();
@@ -212,7 +212,7 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
     stub.set_health(503);
     let g = Arc::clone(&gateway);
     eventually("the upstream marked unhealthy", move || {
-        g.snapshot(tokio::time::Instant::now()).gpu.endpoints_available == Some(0)
+        g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).gpu.endpoints_available == Some(0)
     })
     .await;
     let r = classify(addr, json!({"text": "see you at the station at 6"})).await;

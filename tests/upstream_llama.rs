@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tiergate::gateway::Sources;
 use tiergate::policy::{Policy, PromptSpec};
+use tiergate::select::KvCache;
 use tiergate::tier::gpu::upstream::{
     self, data_block, parse_completion, request_body, ParsedCompletion, Reading, UpstreamConfig, UpstreamPool,
 };
@@ -272,7 +273,8 @@ async fn llama_cpp_metrics_give_the_queue_depth() {
     eprintln!("scraped: {status:?}");
     assert!(status.requests_running.is_some() && status.requests_waiting.is_some(), "{status:?}");
     // This llama.cpp build exposes no KV-cache ratio: no headroom rather than a made-up one.
-    assert_eq!(pool.kv_cache_headroom(), status.kv_cache_usage.map(|u| 1.0 - u));
+    let expected = status.kv_cache_usage.map_or(KvCache::NotExposed, |u| KvCache::Headroom(1.0 - u));
+    assert_eq!(pool.kv_cache(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

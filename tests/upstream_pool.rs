@@ -9,10 +9,41 @@ mod common;
 use common::openai_stub::{self, Behaviour, Fail, StubHandle};
 use std::sync::Arc;
 use std::time::Duration;
-use tiergate::policy::PromptSpec;
+use tiergate::policy::{Policy, PromptSpec};
+use tiergate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use tiergate::tier::breaker::CircuitState;
 use tiergate::tier::gpu::upstream::{self, UpstreamConfig, UpstreamPool};
-use tiergate::tier::TierError;
+use tiergate::tier::gpu::{Backend, GpuTier};
+use tiergate::tier::{GpuBackend, GpuConfig, TierError};
 use tokio::time::Instant;
+
+/// Load as routing sees it with the gpu tier free in every respect but the KV cache.
+fn gpu_snapshot() -> SignalsSnapshot {
+    SignalsSnapshot {
+        cpu: CpuSignals { utilization: None, queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
+        gpu: GpuSignals {
+            unavailable: None,
+            memory: GpuMemory::NotPresent("upstream servers".into()),
+            utilization: None,
+            in_flight: 0,
+            p95_us: None,
+            queue_wait_us: None,
+            ewma_us: None,
+            circuit: CircuitState::Closed,
+            kv_cache: KvCache::NotExposed,
+            was_below: Default::default(),
+            endpoints_available: Some(1),
+        },
+    }
+}
+
+/// The pool's KV-cache headroom when it has a fresh reading.
+fn headroom(pool: &UpstreamPool) -> Option<f64> {
+    match pool.kv_cache() {
+        KvCache::Headroom(h) => Some(h),
+        _ => None,
+    }
+}
 
 fn config(stubs: &[&StubHandle]) -> UpstreamConfig {
     UpstreamConfig {
@@ -263,8 +294,12 @@ async fn deadline_is_enforced() {
     let took = start.elapsed();
     assert!(matches!(err, TierError::DeadlineExceeded { waited_us } if waited_us >= 40_000), "{err:?}");
     assert!(took < Duration::from_millis(400), "gave up after {took:?}");
-    assert_eq!(pool.endpoints()[0].outstanding, 0);
-    assert_eq!(pool.endpoints()[0].failures, 1);
+    let status = &pool.endpoints()[0];
+    assert_eq!(status.outstanding, 0);
+    // The caller's deadline, not the server's fault: latency (P2C avoids it), never a failure
+    // toward ejection, so callers with short deadlines cannot switch a healthy server off.
+    assert_eq!((status.failures, status.consecutive_failures), (0, 0), "{status:?}");
+    assert!(status.ewma_latency_ms >= 40.0, "{status:?}");
 
     // A server that never answers, and a deadline already past.
     stub.set_fail(Fail::Hang);
@@ -275,6 +310,45 @@ async fn deadline_is_enforced() {
     let err = pool.classify(&prompt(), "x", Instant::now()).await.unwrap_err();
     assert!(matches!(err, TierError::DeadlineExceeded { waited_us: 0 }), "{err:?}");
     assert_eq!(stub.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_cannot_switch_the_gpu_tier_off() {
+    // Only the backend's own faults count against the tier's circuit (threshold 5 by default):
+    // not a caller's short deadline, not a caller that goes away mid-call.
+    let slow = openai_stub::spawn(Behaviour::default().latency_ms(200)).await;
+    let env = tiergate::ort_lib::environment(None).expect("ONNX Runtime");
+    let tier_with = |timeout_ms| {
+        let gpu =
+            GpuConfig { backend: GpuBackend::Upstream, timeout_ms, upstream: config(&[&slow]), ..Default::default() };
+        GpuTier::start(env, &gpu).unwrap().expect("an upstream tier")
+    };
+    let tier = tier_with(5_000);
+    for _ in 0..8 {
+        let err = tier.classify(Some(&prompt()), Arc::from("x"), deadline(20)).await.unwrap_err();
+        assert!(matches!(err, TierError::DeadlineExceeded { .. }), "{err:?}");
+    }
+    let p = prompt();
+    for _ in 0..8 {
+        let call = tier.classify(Some(&p), Arc::from("x"), deadline(5_000));
+        assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err(), "the client left");
+    }
+    assert_eq!(tier.circuit(Instant::now()), CircuitState::Closed);
+    assert!(pool_of(&tier).endpoints().iter().all(|e| e.failures == 0 && !e.ejected));
+    // The tier's own timeout (20 ms, the caller allowing 5 s) is the backend's fault.
+    let strict = tier_with(20);
+    for _ in 0..5 {
+        let err = strict.classify(Some(&prompt()), Arc::from("x"), deadline(5_000)).await.unwrap_err();
+        assert!(matches!(err, TierError::DeadlineExceeded { .. }), "{err:?}");
+    }
+    assert_eq!(strict.circuit(Instant::now()), CircuitState::Open);
+}
+
+fn pool_of(tier: &GpuTier) -> &UpstreamPool {
+    match tier.backend() {
+        Backend::Upstream(pool) => pool,
+        Backend::Onnx(_) => unreachable!("an upstream tier"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,13 +365,9 @@ async fn no_eligible_endpoint_is_unavailable() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert_eq!(sick.requests(), 0);
-    // Failed health checks count toward ejection too.
-    assert!(eventually(Duration::from_secs(5), || pool.endpoints().iter().all(|e| e.ejected)).await);
-    match pool.classify(&prompt(), "x", deadline(5000)).await {
-        Err(TierError::Unavailable(message)) => assert!(message.contains("(2 ejected)"), "{message}"),
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    // The sick one recovers: its ejection is long over, so the next passing check re-admits it.
+    // Failed health checks mark unhealthy; only failed requests eject.
+    assert!(pool.endpoints().iter().all(|e| !e.healthy && !e.ejected), "{:?}", pool.endpoints());
+    // The sick one recovers: the next passing check brings it back.
     sick.set_health(200);
     assert!(eventually(Duration::from_secs(5), || pool.available() == 1).await, "{:?}", pool.endpoints());
     pool.classify(&prompt(), "x", deadline(5000)).await.unwrap();
@@ -323,31 +393,26 @@ async fn kv_cache_headroom_from_metrics() {
     let mut cfg = config(&[&busy]);
     cfg.metrics_path = Some("/metrics".into());
     let pool = UpstreamPool::start(&cfg).unwrap();
-    assert!(eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some()).await);
-    assert!((pool.kv_cache_headroom().unwrap() - 0.2).abs() < 1e-9, "{:?}", pool.kv_cache_headroom());
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some()).await);
+    assert!((headroom(&pool).unwrap() - 0.2).abs() < 1e-9, "{:?}", pool.kv_cache());
     let status = &pool.endpoints()[0];
     assert_eq!((status.kv_cache_usage, status.requests_waiting), (Some(0.8), Some(4.0)));
 
     busy.set_kv_cache_usage(Some(0.3));
-    assert!(
-        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.7).abs() < 1e-9)).await
-    );
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some_and(|h| (h - 0.7).abs() < 1e-9)).await);
 
     // Max over available endpoints; an unhealthy one does not count.
     let idle = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.1))).await;
     let mut cfg = config(&[&busy, &idle]);
     cfg.metrics_path = Some("/metrics".into());
     let pool = UpstreamPool::start(&cfg).unwrap();
-    assert!(
-        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.9).abs() < 1e-9)).await
-    );
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some_and(|h| (h - 0.9).abs() < 1e-9)).await);
     idle.set_health(503);
-    assert!(
-        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.7).abs() < 1e-9)).await
-    );
-    // A server without the metric (404): no headroom.
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some_and(|h| (h - 0.7).abs() < 1e-9)).await);
+    // The scrape starts failing (404 here; a 500 alike): the last reading stays in use, then,
+    // stale after 3 health intervals, it is unknown (for `unknown_signals`), never "no limit".
     busy.set_kv_cache_usage(None);
-    assert!(eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_none()).await);
+    assert!(eventually(Duration::from_secs(5), || pool.kv_cache() == KvCache::Unknown).await, "{:?}", pool.kv_cache());
 
     // llama.cpp's names (`llamacpp:kv_cache_usage_ratio`, `llamacpp:requests_deferred`).
     let llama = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.4))).await;
@@ -358,9 +423,7 @@ async fn kv_cache_headroom_from_metrics() {
     let mut cfg = config(&[&llama]);
     cfg.metrics_path = Some("/metrics".into());
     let pool = UpstreamPool::start(&cfg).unwrap();
-    assert!(
-        eventually(Duration::from_secs(5), || pool.kv_cache_headroom().is_some_and(|h| (h - 0.6).abs() < 1e-9)).await
-    );
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some_and(|h| (h - 0.6).abs() < 1e-9)).await);
     let status = &pool.endpoints()[0];
     assert_eq!((status.requests_waiting, status.requests_running), (Some(2.0), Some(1.0)));
 
@@ -368,7 +431,43 @@ async fn kv_cache_headroom_from_metrics() {
     let plain = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.5))).await;
     let pool = UpstreamPool::start(&config(&[&plain])).unwrap();
     assert!(eventually(Duration::from_millis(300), || plain.health_checks() >= 2).await);
-    assert_eq!((pool.kv_cache_headroom(), plain.metrics_scrapes()), (None, 0));
+    assert_eq!((pool.kv_cache(), plain.metrics_scrapes()), (KvCache::NotExposed, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_whose_metrics_fail_is_unknown_and_kept_off_the_gpu_tier() {
+    // 0.99 KV usage, then `/metrics` fails: before the fix the reading was cleared and the
+    // headroom check skipped, so every request went to the full server.
+    let full = openai_stub::spawn(Behaviour::default().kv_cache_usage(Some(0.99))).await;
+    let mut cfg = config(&[&full]);
+    cfg.metrics_path = Some("/metrics".into());
+    let pool = UpstreamPool::start(&cfg).unwrap();
+    assert!(eventually(Duration::from_secs(5), || headroom(&pool).is_some()).await);
+    full.set_kv_cache_usage(None);
+    let policy_of = |unknown: &str| {
+        let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml"))
+            .unwrap()
+            .replace("unknown_signals = \"eligible\"", &format!("unknown_signals = \"{unknown}\""));
+        Policy::load_dir(&common::policies_with_routing(&format!("kv-{unknown}"), &routing)).unwrap()
+    };
+    let (strict, lenient) = (policy_of("ineligible"), policy_of("eligible"));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(600) {
+        let mut snapshot = gpu_snapshot();
+        snapshot.gpu.kv_cache = pool.kv_cache();
+        assert_ne!(snapshot.gpu.kv_cache, KvCache::NotExposed, "a failed scrape never reads as no limit");
+        let remaining = Duration::from_secs(1);
+        assert!(
+            tiergate::select::gpu_eligibility(&strict, &snapshot, remaining).is_err(),
+            "{:?}",
+            snapshot.gpu.kv_cache
+        );
+        if snapshot.gpu.kv_cache == KvCache::Unknown {
+            assert!(tiergate::select::gpu_eligibility(&lenient, &snapshot, remaining).is_ok());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.kv_cache(), KvCache::Unknown, "stale after 3 health intervals");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,7 @@ impl Gateway {
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
             shadow: Shadow::start(config.shadow)?,
+            gpu_below: Mutex::new(Default::default()),
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::metrics::{DecisionLabels, Metrics, StepLabels};
 use crate::policy::{Policy, PolicyStore};
 use crate::request::ClassifyRequest;
-use crate::select::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
@@ -68,6 +68,8 @@ pub struct Gateway {
     /// Keeps the policy directory watches (live and shadow) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
+    /// The gpu limits the last snapshot was below (their hysteresis, [`select::gpu_below`]).
+    gpu_below: Mutex<Below>,
 }
 
 impl Gateway {
@@ -76,8 +78,9 @@ impl Gateway {
         dir.and_then(|d| self.route_policies.get(d)).unwrap_or(&self.policies)
     }
 
-    /// One consistent view of load for routing, as of `now`.
-    pub fn snapshot(&self, now: Instant) -> SignalsSnapshot {
+    /// One consistent view of load for routing, as of `now`, with the hysteresis state of
+    /// `policy`'s gpu limits.
+    pub fn snapshot(&self, now: Instant, policy: &Policy) -> SignalsSnapshot {
         let Readings { cpu_utilization, gpu_devices, gpu_stale } = self.signals.readings(now);
         let memory = match &gpu_devices {
             Err(reason) => GpuMemory::NotPresent(reason.clone()),
@@ -107,13 +110,14 @@ impl Gateway {
                 queue_wait_us: None,
                 ewma_us: None,
                 circuit: CircuitState::Closed,
-                kv_cache_headroom: None,
+                kv_cache: KvCache::NotExposed,
+                was_below: Below::default(),
                 endpoints_available: None,
             },
             Some(g) => {
-                let (kv_cache_headroom, endpoints_available, queue_wait_us) = match g.backend() {
-                    Backend::Upstream(pool) => (pool.kv_cache_headroom(), Some(pool.available()), None),
-                    Backend::Onnx(pool) => (None, None, pool.queue_wait_us()),
+                let (kv_cache, endpoints_available, queue_wait_us) = match g.backend() {
+                    Backend::Upstream(pool) => (pool.kv_cache(), Some(pool.available()), None),
+                    Backend::Onnx(pool) => (KvCache::NotExposed, None, pool.queue_wait_us()),
                 };
                 GpuSignals {
                     unavailable: None,
@@ -124,11 +128,14 @@ impl Gateway {
                     queue_wait_us,
                     ewma_us: g.latency.ewma_us(),
                     circuit: g.circuit(now),
-                    kv_cache_headroom,
+                    kv_cache,
+                    was_below: *self.gpu_below.lock().unwrap_or_else(|e| e.into_inner()),
                     endpoints_available,
                 }
             }
         };
+        // The limits' hysteresis: what this snapshot is below is the next one's `was_below`.
+        *self.gpu_below.lock().unwrap_or_else(|e| e.into_inner()) = select::gpu_below(&gpu, &policy.gpu);
         SignalsSnapshot { cpu, gpu }
     }
 
@@ -173,7 +180,7 @@ impl Gateway {
         let started = Instant::now();
         let policy = store.snapshot();
         self.admit(&req)?;
-        let snapshot = self.snapshot(started);
+        let snapshot = self.snapshot(started, &policy);
         let recorded = Mutex::new(Recorded::default());
         let tiers = Tiers::Live(LiveTiers {
             cpu: &self.cpu,

@@ -7,7 +7,7 @@ use crate::decision::{Decision, Outcome, TierName};
 use crate::error::ApiError;
 use crate::policy::Policy;
 use crate::request::ClassifyRequest;
-use crate::select::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+use crate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use crate::tier::breaker::CircuitState;
 use crate::tier::{ModelVerdict, TierError};
 use crate::web::ServerConfig;
@@ -55,7 +55,8 @@ fn snapshot(gpu: bool) -> SignalsSnapshot {
             queue_wait_us: None,
             ewma_us: None,
             circuit: CircuitState::Closed,
-            kv_cache_headroom: None,
+            kv_cache: KvCache::NotExposed,
+            was_below: Default::default(),
             endpoints_available: None,
         },
     }

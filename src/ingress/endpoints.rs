@@ -118,7 +118,7 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
     let policy = g.policies.snapshot();
     let cpu_ready = g.cpu.workers_alive() > 0;
     let now = tokio::time::Instant::now();
-    let snapshot = g.snapshot(now);
+    let snapshot = g.snapshot(now, &g.policies.snapshot());
     let readings = g.signals.readings(now);
     let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
         (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),
@@ -166,7 +166,7 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
     let g = &app.gateway;
     let m = &g.metrics;
     let now = tokio::time::Instant::now();
-    let s = g.snapshot(now);
+    let s = g.snapshot(now, &g.policies.snapshot());
     m.cpu_queue_depth.set(s.cpu.queue_depth as i64);
     m.cpu_in_flight.set(s.cpu.in_flight as i64);
     m.cpu_queue_wait.set(s.cpu.queue_wait_us.unwrap_or(0) as f64 / 1e6);

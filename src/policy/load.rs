@@ -167,6 +167,7 @@ impl Merged {
         }
         if let Some((file, g)) = &self.gpu {
             check_unit(file, "gpu.min_kv_cache_headroom", g.min_kv_cache_headroom, problems);
+            check_unit(file, "gpu.kv_cache_hysteresis", g.kv_cache_hysteresis, problems);
         }
         if let Some((file, Err(message))) = self.prompt.as_ref().map(|(f, p)| (f, p.validate())) {
             problems.push(at(file, "prompt", message));

@@ -136,11 +136,25 @@ pub struct GpuLimits {
     pub max_in_flight: usize,
     /// KV-cache headroom ([0, 1], upstream servers exposing metrics) below which the gpu tier is not eligible.
     pub min_kv_cache_headroom: f64,
+    /// Hysteresis of `min_free_memory_mb`, MiB: once below the limit, the tier is eligible again
+    /// only at `min_free_memory_mb + free_memory_hysteresis_mb`, so a reading that hovers
+    /// around the limit does not flip routing at every sample.
+    pub free_memory_hysteresis_mb: u64,
+    /// Hysteresis of `min_kv_cache_headroom` ([0, 1]): eligible again only at
+    /// `min_kv_cache_headroom + kv_cache_hysteresis` (a server reporting 0.93 / 0.97 usage in
+    /// turn around a 0.95 limit would otherwise switch the tier at every scrape).
+    pub kv_cache_hysteresis: f64,
 }
 
 impl Default for GpuLimits {
     fn default() -> Self {
-        GpuLimits { min_free_memory_mb: 1024, max_in_flight: 16, min_kv_cache_headroom: 0.05 }
+        GpuLimits {
+            min_free_memory_mb: 1024,
+            max_in_flight: 16,
+            min_kv_cache_headroom: 0.05,
+            free_memory_hysteresis_mb: 1024,
+            kv_cache_hysteresis: 0.05,
+        }
     }
 }
 

@@ -20,6 +20,9 @@ pub struct ProxyConfig {
     pub eject_after_failures: u32,
     /// How long an ejected address stays out before it gets a probe request again, ms.
     pub eject_ms: u64,
+    /// Below this share of a route's addresses in service, the route balances over all of them,
+    /// ejected ones included (panic mode, as Envoy's `healthy_panic_threshold`); 0 turns it off.
+    pub panic_threshold: f64,
     /// Keep the client's `X-Forwarded-Proto` / `-Host` (set it when tiergate sits behind a
     /// trusted proxy such as a TLS terminator); otherwise tiergate sets them itself.
     pub trust_forwarded_headers: bool,
@@ -34,6 +37,7 @@ impl Default for ProxyConfig {
             via: "tiergate".into(),
             eject_after_failures: 5,
             eject_ms: 5000,
+            panic_threshold: 0.5,
             trust_forwarded_headers: false,
         }
     }

@@ -121,6 +121,7 @@ impl Route {
                 eject: Duration::from_millis(proxy.eject_ms),
                 decay_ms: 10_000.0,
                 readmit: Readmit::AfterEject,
+                panic_threshold: proxy.panic_threshold.clamp(0.0, 1.0),
             },
         );
         Ok(Route {

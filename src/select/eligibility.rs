@@ -1,8 +1,8 @@
 //! Whether a model tier may take a request now, and if not, why ([`Ineligible`]).
 
-use super::signals::{GpuMemory, SignalsSnapshot};
+use super::signals::{Below, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use super::Outcome;
-use crate::policy::{Policy, UnknownSignal};
+use crate::policy::{GpuLimits, Policy, UnknownSignal};
 use crate::tier::breaker::CircuitState;
 use std::fmt;
 use std::time::Duration;
@@ -146,22 +146,63 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     if g.in_flight >= limits.max_in_flight {
         return Err(Ineligible::InFlight { in_flight: g.in_flight, max: limits.max_in_flight });
     }
+    let unknown_ineligible = policy.routing.unknown_signals == UnknownSignal::Ineligible;
+    let below = gpu_below(g, limits);
     match &g.memory {
-        GpuMemory::FreeMb(free) if *free < limits.min_free_memory_mb => {
+        GpuMemory::FreeMb(free) if below.free_memory => {
             return Err(Ineligible::FreeMemory { free_mb: *free, min_mb: limits.min_free_memory_mb })
         }
-        GpuMemory::Unknown if policy.routing.unknown_signals == UnknownSignal::Ineligible => {
-            return Err(Ineligible::Unknown { what: "gpu memory" })
-        }
+        GpuMemory::Unknown if unknown_ineligible => return Err(Ineligible::Unknown { what: "gpu memory" }),
         _ => {}
     }
-    if let Some(headroom) = g.kv_cache_headroom.filter(|&h| h < limits.min_kv_cache_headroom) {
-        return Err(Ineligible::KvCacheHeadroom { headroom, min: limits.min_kv_cache_headroom });
+    match g.kv_cache {
+        KvCache::Headroom(headroom) if below.kv_cache => {
+            return Err(Ineligible::KvCacheHeadroom { headroom, min: limits.min_kv_cache_headroom })
+        }
+        KvCache::Unknown if unknown_ineligible => {
+            return Err(Ineligible::Unknown { what: "upstream KV-cache headroom" })
+        }
+        _ => {}
     }
     if g.endpoints_available == Some(0) {
         return Err(Ineligible::NoHealthyEndpoint);
     }
     covers(remaining, g.queue_wait_us, g.p95_us, "gpu")
+}
+
+/// A "stay at or above `min`" limit with hysteresis (a Schmitt trigger): below it once `value`
+/// drops under `min`, and until `value` reaches `min + band` again. `was_below` is the state at
+/// the previous reading.
+pub fn below_limit(was_below: bool, value: f64, min: f64, band: f64) -> bool {
+    if was_below {
+        value < min + band
+    } else {
+        value < min
+    }
+}
+
+/// Which of the gpu tier's limits it is below now, given `g.was_below`. A reading that is not
+/// there (unknown, not exposed, no GPU) keeps the previous state for when it returns; the
+/// gateway keeps the result for the next snapshot.
+pub fn gpu_below(g: &GpuSignals, limits: &GpuLimits) -> Below {
+    let was = g.was_below;
+    Below {
+        free_memory: match g.memory {
+            GpuMemory::FreeMb(free) => below_limit(
+                was.free_memory,
+                free as f64,
+                limits.min_free_memory_mb as f64,
+                limits.free_memory_hysteresis_mb as f64,
+            ),
+            GpuMemory::Unknown | GpuMemory::NotPresent(_) => was.free_memory,
+        },
+        kv_cache: match g.kv_cache {
+            KvCache::Headroom(h) => {
+                below_limit(was.kv_cache, h, limits.min_kv_cache_headroom, limits.kv_cache_hysteresis)
+            }
+            KvCache::Unknown | KvCache::NotExposed => was.kv_cache,
+        },
+    }
 }
 
 /// Whether `remaining` covers the expected queue wait plus the service time (an unknown part
@@ -173,7 +214,9 @@ fn covers(
     tier: &'static str,
 ) -> Result<(), Ineligible> {
     let (wait_us, service_us) = (wait_us.unwrap_or(0), service_us.unwrap_or(0));
-    if Duration::from_micros(wait_us.saturating_add(service_us)) > remaining {
+    // No time left at all: skipped, even with nothing known (a call would fail at once and count
+    // against the tier for what was the caller's or an earlier stage's time).
+    if remaining.is_zero() || Duration::from_micros(wait_us.saturating_add(service_us)) > remaining {
         return Err(Ineligible::Deadline { tier, remaining, wait_us, service_us });
     }
     Ok(())

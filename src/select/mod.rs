@@ -15,8 +15,8 @@
 mod eligibility;
 mod signals;
 
-pub use eligibility::{cpu_eligibility, gpu_eligibility, Ineligible};
-pub use signals::{CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, Ineligible};
+pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 
 use crate::complexity::Complexity;
 use crate::policy::{Policy, WhenSaturated};

@@ -2,6 +2,7 @@
 //! function is pure and is tested with hand-built values.
 
 use crate::tier::breaker::CircuitState;
+pub use crate::tier::gpu::upstream::KvCache;
 use serde::Serialize;
 
 /// What routing knows about load, as plain data.
@@ -40,10 +41,20 @@ pub struct GpuSignals {
     /// EWMA of successful calls' latency, µs.
     pub ewma_us: Option<u64>,
     pub circuit: CircuitState,
-    /// Upstream backend: KV-cache headroom scraped from the servers, where they expose it.
-    pub kv_cache_headroom: Option<f64>,
+    /// Upstream backend: KV-cache headroom scraped from the servers.
+    pub kv_cache: KvCache,
+    /// Which limits the tier was below at the previous snapshot (their hysteresis, see
+    /// `select::gpu_below`); all false in a hand-built snapshot.
+    pub was_below: Below,
     /// Upstream backend: endpoints healthy and not ejected.
     pub endpoints_available: Option<usize>,
+}
+
+/// Limits a tier is below, kept between snapshots for their hysteresis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Below {
+    pub free_memory: bool,
+    pub kv_cache: bool,
 }
 
 /// GPU memory as routing sees it.

@@ -52,7 +52,8 @@ fn idle() -> SignalsSnapshot {
             queue_wait_us: None,
             ewma_us: Some(40_000),
             circuit: CircuitState::Closed,
-            kv_cache_headroom: None,
+            kv_cache: KvCache::NotExposed,
+            was_below: Default::default(),
             endpoints_available: None,
         },
     }
@@ -148,7 +149,7 @@ fn every_gpu_ineligibility_has_its_reason() {
     check(&|s| s.gpu.circuit = CircuitState::Open, PLENTY, "gpu circuit open");
     check(&|s| s.gpu.in_flight = 9, PLENTY, "gpu admission");
     check(&|s| s.gpu.memory = GpuMemory::FreeMb(10), PLENTY, "below min_free_memory_mb");
-    check(&|s| s.gpu.kv_cache_headroom = Some(0.05), PLENTY, "KV-cache headroom 0.05");
+    check(&|s| s.gpu.kv_cache = KvCache::Headroom(0.05), PLENTY, "KV-cache headroom 0.05");
     check(&|s| s.gpu.endpoints_available = Some(0), PLENTY, "no healthy upstream endpoint");
     check(
         &|_| {},
@@ -173,6 +174,67 @@ fn unknown_signals_count_as_the_policy_says() {
     let closed = policy("[routing]\nunknown_signals = \"ineligible\"\n");
     assert!(cpu_eligibility(&closed, &sig, PLENTY).unwrap_err().to_string().contains("unknown"));
     assert!(gpu_eligibility(&closed, &sig, PLENTY).unwrap_err().to_string().contains("unknown"));
+}
+
+#[test]
+fn an_unknown_kv_cache_counts_as_the_policy_says_and_not_exposed_means_no_limit() {
+    let mut sig = idle();
+    sig.gpu.kv_cache = KvCache::Unknown;
+    assert_eq!(gpu_eligibility(&policy(""), &sig, PLENTY), Ok(()));
+    let closed = policy("[routing]\nunknown_signals = \"ineligible\"\n");
+    let e = gpu_eligibility(&closed, &sig, PLENTY).unwrap_err().to_string();
+    assert_eq!(e, "upstream KV-cache headroom unknown (unknown_signals = \"ineligible\")");
+    sig.gpu.kv_cache = KvCache::NotExposed;
+    assert_eq!(gpu_eligibility(&closed, &sig, PLENTY), Ok(()));
+}
+
+/// Eligibility over a sequence of readings, fed back as the gateway does; the number of flips.
+fn flips(p: &Policy, readings: &[(KvCache, GpuMemory)]) -> usize {
+    let (mut was, mut last, mut flips) = (Below::default(), None, 0);
+    for (kv, memory) in readings {
+        let mut sig = idle();
+        (sig.gpu.kv_cache, sig.gpu.memory, sig.gpu.was_below) = (*kv, memory.clone(), was);
+        let ok = gpu_eligibility(p, &sig, PLENTY).is_ok();
+        flips += (last.is_some_and(|l| l != ok)) as usize;
+        last = Some(ok);
+        was = gpu_below(&sig.gpu, &p.gpu);
+    }
+    flips
+}
+
+#[test]
+fn a_reading_hovering_around_a_limit_does_not_flip_routing() {
+    // KV headroom 0.07 / 0.13 in turn around min 0.1 (usage 0.93 / 0.87), ten scrapes; then
+    // free memory 2000 / 2100 MiB around min 2048.
+    let kv: Vec<_> = (0..10).map(|i| (KvCache::Headroom([0.07, 0.13][i % 2]), GpuMemory::FreeMb(40_000))).collect();
+    let mem: Vec<_> = (0..10).map(|i| (KvCache::NotExposed, GpuMemory::FreeMb([2000, 2100][i % 2]))).collect();
+    let p = policy("");
+    assert_eq!((flips(&p, &kv), flips(&p, &mem)), (0, 0), "below once, it stays below inside the band");
+    let bare = policy("kv_cache_hysteresis = 0.0\nfree_memory_hysteresis_mb = 0");
+    assert_eq!((flips(&bare, &kv), flips(&bare, &mem)), (9, 9), "without hysteresis, every reading flips");
+    // Past the band it comes back; unknown readings in between keep the state.
+    let back = [
+        (KvCache::Headroom(0.07), GpuMemory::FreeMb(40_000)),
+        (KvCache::Unknown, GpuMemory::FreeMb(40_000)),
+        (KvCache::Headroom(0.13), GpuMemory::FreeMb(40_000)),
+        (KvCache::Headroom(0.16), GpuMemory::FreeMb(40_000)),
+    ];
+    let closed = policy("[routing]\nunknown_signals = \"ineligible\"\n");
+    assert_eq!(flips(&closed, &back), 1, "0.13 after an unknown reading is still below");
+    assert!(!below_limit(true, 0.16, 0.1, 0.05) && below_limit(true, 0.14, 0.1, 0.05));
+}
+
+#[test]
+fn a_stage_with_no_time_left_is_skipped_even_with_nothing_known() {
+    let mut sig = idle();
+    (sig.gpu.p95_us, sig.gpu.queue_wait_us, sig.cpu.service_us, sig.cpu.queue_wait_us) = (None, None, None, None);
+    for e in [
+        gpu_eligibility(&policy(""), &sig, Duration::ZERO).unwrap_err(),
+        cpu_eligibility(&policy(""), &sig, Duration::ZERO).unwrap_err(),
+    ] {
+        assert!(matches!(e, Ineligible::Deadline { .. }), "{e}");
+    }
+    assert_eq!(gpu_eligibility(&policy(""), &sig, Duration::from_millis(1)), Ok(()));
 }
 
 #[test]

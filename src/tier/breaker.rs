@@ -70,6 +70,16 @@ impl CircuitBreaker {
         }
     }
 
+    /// Ends a call that `try_acquire` let through without judging the backend (the caller left,
+    /// or the caller's own deadline ran out first): counts nothing, and frees the half-open probe
+    /// so the next call probes instead.
+    pub fn release(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let State::HalfOpen { probing: true } = *s {
+            *s = State::HalfOpen { probing: false };
+        }
+    }
+
     /// Records the outcome of a call that `try_acquire` let through.
     pub fn record(&self, success: bool, now: Instant) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -87,6 +97,25 @@ impl CircuitBreaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_released_call_counts_nothing_and_frees_the_probe() {
+        let b = CircuitBreaker::new(BreakerConfig { failure_threshold: 2, open_ms: 100 });
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert!(b.try_acquire(t0));
+            b.release();
+        }
+        assert_eq!(b.state(t0), CircuitState::Closed, "released calls never open the circuit");
+        b.record(false, t0);
+        b.record(false, t0);
+        let t1 = t0 + Duration::from_millis(150);
+        assert!(b.try_acquire(t1), "the probe");
+        assert!(!b.try_acquire(t1));
+        b.release();
+        assert_eq!(b.state(t1), CircuitState::HalfOpen);
+        assert!(b.try_acquire(t1), "a released probe lets the next call probe");
+    }
 
     #[test]
     fn opens_after_threshold_probes_when_time_is_up_and_closes_on_success() {

@@ -354,7 +354,8 @@ pub(crate) mod tests {
                 queue_wait_us: None,
                 ewma_us: None,
                 circuit: crate::tier::breaker::CircuitState::Closed,
-                kv_cache_headroom: None,
+                kv_cache: crate::select::KvCache::NotExposed,
+                was_below: Default::default(),
                 endpoints_available: None,
             },
         }

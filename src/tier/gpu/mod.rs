@@ -93,10 +93,12 @@ impl GpuTier {
         if !self.breaker.try_acquire(started) {
             return Err(TierError::CircuitOpen);
         }
-        // If this future is dropped mid-call (client gone), the call counts as failed, so a
-        // half-open probe can never stay in flight forever.
-        let mut outcome = BreakerRecord { breaker: &self.breaker, success: false };
-        let deadline = deadline.min(started + self.timeout);
+        // Dropped mid-call (the client went away), the call judges nothing: the breaker only
+        // frees its probe slot, so a half-open probe never stays in flight forever.
+        let mut outcome = BreakerRecord { breaker: &self.breaker, verdict: None };
+        let own_timeout = started + self.timeout;
+        let caller_binds = deadline < own_timeout;
+        let deadline = deadline.min(own_timeout);
         let result = match &self.backend {
             Backend::Onnx(pool) => pool.classify(text, None, deadline).await,
             Backend::Upstream(pool) => match prompt {
@@ -107,10 +109,15 @@ impl GpuTier {
                 None => Err(TierError::Unavailable("the policy has no [prompt] for the upstream backend".into())),
             },
         };
-        // A full backend queue, or a job not started for lack of time, says nothing about the
-        // backend's health.
-        outcome.success =
-            result.is_ok() || matches!(result, Err(TierError::Overloaded { .. } | TierError::Doomed { .. }));
+        // Only the backend's own faults count against it: a full queue, a job not started for
+        // lack of time, or the *caller's* deadline running out before the tier's own timeout
+        // say nothing about its health (a caller choosing 5 ms must not open the circuit).
+        outcome.verdict = match &result {
+            Ok(_) => Some(true),
+            Err(TierError::Overloaded { .. } | TierError::Doomed { .. }) => None,
+            Err(TierError::DeadlineExceeded { .. }) if caller_binds => None,
+            Err(_) => Some(false),
+        };
         if result.is_ok() {
             self.latency.record(started.elapsed().as_micros() as u64);
         }
@@ -136,14 +143,18 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Records the call's outcome with the breaker on drop.
+/// Records the call's outcome with the breaker on drop: `Some(success)`, or `None` for a call
+/// that judged nothing ([`CircuitBreaker::release`]).
 struct BreakerRecord<'a> {
     breaker: &'a CircuitBreaker,
-    success: bool,
+    verdict: Option<bool>,
 }
 
 impl Drop for BreakerRecord<'_> {
     fn drop(&mut self) {
-        self.breaker.record(self.success, Instant::now());
+        match self.verdict {
+            Some(success) => self.breaker.record(success, Instant::now()),
+            None => self.breaker.release(),
+        }
     }
 }

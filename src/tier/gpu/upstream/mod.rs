@@ -72,10 +72,13 @@ pub struct EndpointStatus {
     /// Health, ejection, latency estimate and request counts.
     #[serde(flatten)]
     pub balance: MemberStatus,
-    /// From the last scrape of `metrics_path`; `None` when not scraped, absent or failed.
+    /// From the last successful scrape of `metrics_path` (kept while later ones fail); `None`
+    /// when never scraped or not published.
     pub kv_cache_usage: Option<f64>,
     pub requests_waiting: Option<f64>,
     pub requests_running: Option<f64>,
+    /// Milliseconds since the last successful scrape; `None` when never scraped.
+    pub scraped_ms_ago: Option<u64>,
 }
 
 impl std::ops::Deref for EndpointStatus {
@@ -83,6 +86,19 @@ impl std::ops::Deref for EndpointStatus {
     fn deref(&self) -> &MemberStatus {
         &self.balance
     }
+}
+
+/// Upstream KV-cache headroom as routing sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCache {
+    /// Nothing to read: not the upstream backend, no `metrics_path`, or servers that publish no
+    /// KV-cache gauge. No limit applies.
+    NotExposed,
+    /// The servers' scrapes fail or are stale: counts as `unknown_signals` says.
+    Unknown,
+    /// Best `1 - usage` over the available endpoints, [0, 1].
+    Headroom(f64),
 }
 
 /// Request, health and metrics URIs of one endpoint.
@@ -120,18 +136,21 @@ impl EndpointUris {
     }
 }
 
-/// An endpoint's URIs and its last metrics scrape; its load-balancing state is in the
-/// [`Balancer`] at the same index.
+/// An endpoint's URIs and its last successful metrics scrape (with when); its load-balancing
+/// state is in the [`Balancer`] at the same index.
 struct Endpoint {
     uris: EndpointUris,
-    scraped: Mutex<ServerMetrics>,
+    scraped: Mutex<(ServerMetrics, Option<Instant>)>,
 }
 
 impl Endpoint {
-    fn scraped(&self) -> ServerMetrics {
+    fn scraped(&self) -> (ServerMetrics, Option<Instant>) {
         *self.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
+
+/// A scrape older than this many health intervals is stale: the reading is unknown.
+const SCRAPE_STALE_INTERVALS: u32 = 3;
 
 /// What the pool and its background tasks share.
 struct Shared {
@@ -172,15 +191,16 @@ impl Shared {
         }
         self.balancer.on_health(index, result.is_ok());
         if let Some(metrics) = &endpoint.uris.metrics {
-            // A failed scrape clears the values: stale KV-cache numbers would overstate headroom.
-            let scraped = match self.get(metrics).await {
-                Ok(body) => parse_server_metrics(&String::from_utf8_lossy(&body)),
-                Err(e) => {
-                    tracing::debug!(endpoint = %url, error = %e, "metrics scrape failed");
-                    ServerMetrics::default()
+            // A failed scrape keeps the last reading and its time: it stays in use until stale,
+            // then reads as unknown ([`UpstreamPool::kv_cache`]) — never as "no limit".
+            match self.get(metrics).await {
+                Ok(body) => {
+                    let scraped = parse_server_metrics(&String::from_utf8_lossy(&body));
+                    *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                        (scraped, Some(Instant::now()));
                 }
-            };
-            *endpoint.scraped.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = scraped;
+                Err(e) => tracing::debug!(endpoint = %url, error = %e, "metrics scrape failed"),
+            }
         }
     }
 
@@ -264,7 +284,7 @@ impl UpstreamPool {
         for url in &config.endpoints {
             let uris = EndpointUris::parse(url, &config.health_path, config.metrics_path.as_deref())
                 .map_err(|e| anyhow::anyhow!("upstream pool: {e}"))?;
-            endpoints.push(Endpoint { uris, scraped: Mutex::new(ServerMetrics::default()) });
+            endpoints.push(Endpoint { uris, scraped: Mutex::new((ServerMetrics::default(), None)) });
         }
         let balancer = Balancer::new(
             config.endpoints.iter().map(|url| url.trim().trim_end_matches('/').to_string()),
@@ -273,6 +293,8 @@ impl UpstreamPool {
                 eject: Duration::from_millis(config.eject_ms),
                 decay_ms: config.ewma_decay_ms as f64,
                 readmit: Readmit::HealthCheck,
+                // Nothing healthy: the cascade's next stage answers (rules), not a dead server.
+                panic_threshold: 0.0,
             },
         );
         let mut connector = HttpConnector::new();
@@ -345,12 +367,12 @@ impl UpstreamPool {
     /// answer; give up at `deadline`.
     ///
     /// Failures count against the endpoint: connect errors (`Unavailable`), non-2xx statuses and
-    /// answers outside the schema or without logprobs (`Inference`), and running out of time
-    /// (`DeadlineExceeded`; the elapsed time also feeds the EWMA as a lower bound of the
-    /// endpoint's latency). So deadlines persistently shorter than an endpoint's latency eject
-    /// it: with every endpoint too slow the pool answers `Unavailable` at once instead of
-    /// spending each caller's deadline, which is the degradation the cascade wants (rules answer
-    /// instead). A call dropped by the caller counts as nothing.
+    /// answers outside the schema or without logprobs (`Inference`). Running out of time
+    /// (`DeadlineExceeded`) does not: the deadline is the caller's, so a caller choosing 5 ms
+    /// must not eject a healthy server; the elapsed time feeds the EWMA as a lower bound of the
+    /// endpoint's latency (P2C avoids a slow endpoint), and the tier's own timeout counts
+    /// against its circuit breaker (`GpuTier::classify`). A call dropped by the caller counts
+    /// as nothing.
     pub async fn answer(&self, prompt: &PromptSpec, text: &str, deadline: Instant) -> Result<Answer, TierError> {
         let start = Instant::now();
         if start >= deadline {
@@ -375,7 +397,7 @@ impl UpstreamPool {
                 Err(e)
             }
             Err(_) => {
-                pick.record(false);
+                pick.record_timeout();
                 Err(TierError::DeadlineExceeded { waited_us: elapsed.as_micros() as u64 })
             }
         }
@@ -394,26 +416,43 @@ impl UpstreamPool {
             .into_iter()
             .zip(&self.shared.endpoints)
             .map(|(balance, e)| {
-                let m = e.scraped();
+                let (m, at) = e.scraped();
                 EndpointStatus {
                     balance,
                     kv_cache_usage: m.kv_cache_usage,
                     requests_waiting: m.requests_waiting,
                     requests_running: m.requests_running,
+                    scraped_ms_ago: at.map(|at| at.elapsed().as_millis() as u64),
                 }
             })
             .collect()
     }
 
-    /// Headroom in [0, 1] from the scraped KV-cache usage: max over available endpoints of
-    /// `1 - kv_cache_usage`; `None` when no available endpoint exposes it.
-    pub fn kv_cache_headroom(&self) -> Option<f64> {
-        self.endpoints()
-            .iter()
-            .filter(|e| e.healthy && !e.ejected)
-            .filter_map(|e| e.kv_cache_usage)
-            .map(|usage| 1.0 - usage)
-            .fold(None, |best: Option<f64>, x| Some(best.map_or(x, |b| b.max(x))))
+    /// KV-cache headroom over the available endpoints: the best `1 - usage` among fresh
+    /// readings; `Unknown` when none is fresh and some endpoint's scrapes fail or are older than
+    /// [`SCRAPE_STALE_INTERVALS`] health intervals (or have not succeeded yet); `NotExposed`
+    /// without a `metrics_path` or when the servers publish no KV-cache gauge.
+    pub fn kv_cache(&self) -> KvCache {
+        if self.shared.endpoints.iter().all(|e| e.uris.metrics.is_none()) {
+            return KvCache::NotExposed;
+        }
+        let stale_after = self.shared.health_interval * SCRAPE_STALE_INTERVALS;
+        let (mut best, mut unknown) = (None::<f64>, false);
+        for e in self.endpoints().iter().filter(|e| e.healthy && !e.ejected) {
+            match (e.scraped_ms_ago, e.kv_cache_usage) {
+                (Some(ago), usage) if Duration::from_millis(ago) <= stale_after => {
+                    if let Some(u) = usage {
+                        best = Some(best.map_or(1.0 - u, |b| b.max(1.0 - u)));
+                    }
+                }
+                _ => unknown = true,
+            }
+        }
+        match (best, unknown) {
+            (Some(h), _) => KvCache::Headroom(h),
+            (None, true) => KvCache::Unknown,
+            (None, false) => KvCache::NotExposed,
+        }
     }
 
     /// Endpoints currently eligible (healthy and not ejected).

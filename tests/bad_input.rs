@@ -22,6 +22,23 @@ async fn malformed_json_is_400() {
 }
 
 #[tokio::test]
+async fn an_unusable_request_id_is_replaced_not_copied() {
+    let addr = default_server();
+    let body = r#"{"text": "lunch at noon?"}"#;
+    let long = "a".repeat(129);
+    for bad in [long.as_str(), "two words", "tab\there"] {
+        let r = send(addr, "POST", "/v1/classify", &[JSON, ("x-request-id", bad)], body).await;
+        assert_eq!(r.status, 200);
+        let id = r.headers["x-request-id"].to_str().unwrap();
+        assert!(id != bad && id.len() == 36, "{bad:?} came back as {id:?}");
+        assert_eq!(r.json()["request_id"], id, "the decision carries the generated id");
+    }
+    let ok = "a".repeat(128);
+    let r = send(addr, "POST", "/v1/classify", &[JSON, ("x-request-id", &ok)], body).await;
+    assert_eq!(r.headers["x-request-id"], ok.as_str(), "128 visible ASCII bytes are kept");
+}
+
+#[tokio::test]
 async fn a_repeated_key_is_400_and_named() {
     let addr = default_server();
     for body in [

@@ -192,6 +192,13 @@ async fn admin_reload_needs_the_token_and_reports_problems() {
 
     assert_eq!(send(admin, "GET", "/admin/policy", &[], "").await.status, 401);
     assert_eq!(send(admin, "GET", "/admin/policy", &[("authorization", "Bearer nope")], "").await.status, 401);
+    for wrong in ["Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer"] {
+        assert_eq!(send(admin, "GET", "/admin/policy", &[("authorization", wrong)], "").await.status, 401, "{wrong}");
+    }
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    for right in ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret "] {
+        assert_eq!(send(admin, "GET", "/admin/policy", &[("authorization", right)], "").await.status, 200, "{right}");
+    }
     assert_eq!(send(addr, "GET", "/admin/policy", &[bearer], "").await.status, 404, "never on the public listener");
     assert_eq!(send(addr, "POST", "/admin/reload", &[bearer], "").await.status, 404);
 

@@ -13,7 +13,9 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::json;
+use sha2::Digest;
 use std::sync::Arc;
+use subtle::ConstantTimeEq;
 
 /// tiergate's own endpoints on the listener's role.
 pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -51,21 +53,28 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     let bytes = web::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
     let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.limits)?;
     request.explain = request::explain_flag(parts.uri.query())?;
-    let request_id =
-        parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
     let decision = app.gateway.classify(request, request_id).await?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 
-/// Checks the bearer token when one is set.
+/// Checks the bearer token when one is set: `Authorization: Bearer <token>`, the scheme in any
+/// case (RFC 9110 §11.1). The tokens are compared as SHA-256 digests with `subtle`'s
+/// constant-time equality, so neither the position of the first wrong byte nor the token's
+/// length shows in the time taken.
 fn authorize(headers: &http::HeaderMap, token: Option<&str>) -> Result<(), ApiError> {
-    if let Some(token) = token {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        if !constant_time_eq(given.as_bytes(), format!("Bearer {token}").as_bytes()) {
-            return Err(ApiError::Unauthorized);
-        }
+    let Some(token) = token else { return Ok(()) };
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let presented = match given.trim().split_once(' ') {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+        _ => return Err(ApiError::Unauthorized),
+    };
+    let digest = |t: &str| sha2::Sha256::digest(t.as_bytes());
+    if bool::from(digest(presented).ct_eq(&digest(token))) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
     }
-    Ok(())
 }
 
 async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -109,10 +118,6 @@ async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<B
 }
 
 /// Compares secrets without an early exit that would leak how many leading bytes match.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn readyz(app: &App) -> Response<Full<Bytes>> {
     let g = &app.gateway;
     let policy = g.policies.snapshot();

@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::metrics::ResponseLabels;
 use crate::proxy::Proxy;
-use crate::web::{boxed, BoxBody, PeerAddr, ServerConfig};
+use crate::web::{self, boxed, BoxBody, PeerAddr, ServerConfig};
 use http::{header, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -94,6 +94,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     })
                 };
                 let service = ServiceBuilder::new()
+                    .map_request(web::headers::drop_unusable_request_id)
                     .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
                     .layer(PropagateRequestIdLayer::x_request_id())
                     .layer(TraceLayer::new_for_http())

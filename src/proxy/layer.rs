@@ -78,7 +78,7 @@ where
     B::Error: Into<BoxError> + std::fmt::Display,
 {
     let (mut parts, body) = req.into_parts();
-    let request_id = match parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()) {
+    let request_id = match headers::client_request_id(&parts.headers) {
         Some(id) => id.to_string(),
         None => {
             // The inner service sees the id the decision carries.

@@ -669,3 +669,39 @@ async fn a_client_breaking_its_own_upload_is_not_the_apps_failure() {
     let seen = s.app.requests().into_iter().find(|r| r.uri == "/echo/upload-slow").unwrap();
     assert_eq!(seen.body, Bytes::from("slow but steady upload"));
 }
+
+#[tokio::test]
+async fn the_client_is_answered_in_tiergates_http_version_whatever_the_app_speaks() {
+    // An app that answers in HTTP/1.0 (and closes): the client still gets an HTTP/1.1 answer,
+    // and `Via` records what the app spoke.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let app = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let routes = format!("[[routes]]\nname = \"old\"\nupstream = [\"http://{app}\"]\n");
+    let (proxy, _, _) = common::start_with_admin(
+        common::config_with_routes(&common::repo().join("policies"), &routes),
+        Default::default(),
+        None,
+    );
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut client = std::net::TcpStream::connect(proxy).unwrap();
+        client.write_all(b"GET /x HTTP/1.1\r\nHost: example\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        client.read_to_string(&mut reply).unwrap();
+        reply
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.to_ascii_lowercase().contains("via: 1.0 tiergate"), "{reply}");
+    assert!(reply.ends_with("ok"), "{reply}");
+}

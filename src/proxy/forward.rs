@@ -169,6 +169,9 @@ impl Proxy {
         if let Some(via) = &self.via {
             append_via(&mut parts.headers, parts.version, via);
         }
+        // A proxy answers in its own version (RFC 9110 §6.2): an app speaking HTTP/1.0 must not
+        // turn the client's connection into one. `Via` above keeps what the app spoke.
+        parts.version = Version::HTTP_11;
         if let Some(Screening::Decided(d)) = screened {
             // The client sees the decision too (the app may also act on it).
             parts.headers.insert(headers::ACTION, HeaderValue::from_static(d.action.as_str()));

@@ -99,6 +99,7 @@ pub struct Metrics {
     pub policy_reloads: Family<ReloadLabels, Counter>,
     pub shadow_evaluations: Counter,
     pub shadow_disagreements: Family<KindLabels, Counter>,
+    pub shadow_log_dropped: Counter,
     pub proxy_requests: Family<RouteLabels, Counter>,
     pub proxy_upstream_latency: Family<RouteLabels, Histogram>,
     pub stream_guard: Family<RouteLabels, Counter>,
@@ -140,6 +141,7 @@ impl Metrics {
         let policy_reloads = Family::<ReloadLabels, Counter>::default();
         let shadow_evaluations = Counter::default();
         let shadow_disagreements = Family::<KindLabels, Counter>::default();
+        let shadow_log_dropped = Counter::default();
         let proxy_requests = Family::<RouteLabels, Counter>::default();
         let proxy_upstream_latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(50e-6, 2.0, 20))
@@ -175,6 +177,11 @@ impl Metrics {
             "shadow_disagreements",
             "Shadow decisions that differ from the live one, by kind (label, action, tier)",
             shadow_disagreements.clone(),
+        );
+        registry.register(
+            "shadow_log_dropped",
+            "Disagreement lines dropped because the shadow log writer fell behind (still counted in shadow_disagreements)",
+            shadow_log_dropped.clone(),
         );
         registry.register("decisions", "Decisions by deciding tier and action", decisions.clone());
         registry.register("stage_outcomes", "Cascade stages by tier and outcome", steps.clone());
@@ -238,6 +245,7 @@ impl Metrics {
             policy_reloads,
             shadow_evaluations,
             shadow_disagreements,
+            shadow_log_dropped,
             proxy_requests,
             proxy_upstream_latency,
             stream_guard,

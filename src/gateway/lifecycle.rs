@@ -162,8 +162,11 @@ async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
         if let Some(gpu) = &g.gpu {
             gpu.latency.refresh();
         }
-        if let Some(t) = &g.tenants {
-            t.retain_recent();
+        if g.tenants.is_some() {
+            // The sweep walks every tenant's limiter state: on the blocking pool, not on a
+            // runtime thread that serves requests.
+            let g = Arc::clone(&g);
+            let _ = tokio::task::spawn_blocking(move || g.tenants.as_ref().map(|t| t.retain_recent())).await;
         }
     }
 }

@@ -15,9 +15,13 @@ pub struct Shadow {
     pub policies: PolicyStore,
     /// Share of requests evaluated, [0, 1].
     pub share: f64,
-    /// Disagreements go to this writer task as JSON lines.
-    log: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    /// Disagreements go to this writer task as JSON lines, through a queue of at most
+    /// [`LOG_QUEUE_LINES`]: a slow disk drops lines (counted), it never grows memory.
+    log: Option<tokio::sync::mpsc::Sender<String>>,
 }
+
+/// Most disagreement lines waiting for the shadow log writer.
+const LOG_QUEUE_LINES: usize = 4096;
 
 impl Shadow {
     /// Loads the candidate policy and starts the disagreement log writer (in a tokio runtime).
@@ -27,7 +31,7 @@ impl Shadow {
         tracing::info!(version = %policy.version, share = config.share, "shadow policy loaded");
         let policies = PolicyStore::new(policy);
         let log = config.log.as_ref().map(|path| {
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
             let path = path.clone();
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt;
@@ -89,7 +93,9 @@ impl Shadow {
                               "tier": candidate.tier, "rule": candidate.rule, "risk_score": candidate.risk_score,
                               "path": candidate.path},
             });
-            let _ = log.send(line.to_string());
+            if log.try_send(line.to_string()).is_err() {
+                g.metrics.shadow_log_dropped.inc();
+            }
         }
         Some(candidate)
     }

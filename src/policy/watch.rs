@@ -39,7 +39,7 @@ pub fn watch(
     let mut watcher = Some(arm(&dir, tx.clone())?);
     let reload = std::sync::Arc::new(reload);
     let task = tokio::spawn(async move {
-        let mut last = fingerprint(&dir);
+        let mut last = fingerprint_off_runtime(&dir).await;
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -52,17 +52,17 @@ pub fn watch(
                     while let Ok(Some(())) = tokio::time::timeout(debounce, rx.recv()).await {}
                 }
                 _ = tick.tick() => {
-                    let now = fingerprint(&dir);
+                    let now = fingerprint_off_runtime(&dir).await;
                     if now == last {
                         continue;
                     }
-                    if now.identity != last.identity {
+                    if now.as_ref().map(|f| f.identity) != last.as_ref().map(|f| f.identity) {
                         // The directory was replaced: watch the new one.
                         watcher = arm(&dir, tx.clone()).map_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the policy directory; polling only")).ok();
                     }
                 }
             }
-            last = fingerprint(&dir);
+            last = fingerprint_off_runtime(&dir).await;
             let reload = std::sync::Arc::clone(&reload);
             let _ = tokio::task::spawn_blocking(move || reload()).await;
             let _ = &watcher; // kept alive by the task
@@ -88,6 +88,13 @@ struct Fingerprint {
     identity: Option<(u64, u64)>,
     /// Path, inode, size and mtime of each policy file (of its target, for a symlink).
     files: Vec<(PathBuf, u64, u64, Option<std::time::SystemTime>)>,
+}
+
+/// [`fingerprint`] on tokio's blocking pool: it stats every policy file, and a slow or hung
+/// filesystem must not stall a runtime thread that serves requests. `None` if the task failed.
+async fn fingerprint_off_runtime(dir: &Path) -> Option<Fingerprint> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || fingerprint(&dir)).await.ok()
 }
 
 fn fingerprint(dir: &Path) -> Fingerprint {

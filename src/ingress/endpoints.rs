@@ -117,13 +117,12 @@ async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<B
     }
 }
 
-/// Compares secrets without an early exit that would leak how many leading bytes match.
 fn readyz(app: &App) -> Response<Full<Bytes>> {
     let g = &app.gateway;
     let policy = g.policies.snapshot();
     let cpu_ready = g.cpu.workers_alive() > 0;
     let now = tokio::time::Instant::now();
-    let snapshot = g.snapshot(now, &g.policies.snapshot());
+    let snapshot = g.snapshot(now, &policy);
     let readings = g.signals.readings(now);
     let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
         (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),

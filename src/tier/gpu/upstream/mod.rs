@@ -437,11 +437,13 @@ impl UpstreamPool {
             return KvCache::NotExposed;
         }
         let stale_after = self.shared.health_interval * SCRAPE_STALE_INTERVALS;
+        let now = Instant::now();
         let (mut best, mut unknown) = (None::<f64>, false);
-        for e in self.endpoints().iter().filter(|e| e.healthy && !e.ejected) {
-            match (e.scraped_ms_ago, e.kv_cache_usage) {
-                (Some(ago), usage) if Duration::from_millis(ago) <= stale_after => {
-                    if let Some(u) = usage {
+        let status = self.shared.balancer.status();
+        for (_, e) in status.iter().zip(&self.shared.endpoints).filter(|(b, _)| b.healthy && !b.ejected) {
+            match e.scraped() {
+                (m, Some(at)) if now.saturating_duration_since(at) <= stale_after => {
+                    if let Some(u) = m.kv_cache_usage {
                         best = Some(best.map_or(1.0 - u, |b| b.max(1.0 - u)));
                     }
                 }

@@ -122,10 +122,11 @@ fn bench(c: &mut Criterion) {
     });
 
     // The whole request path without the model, as the gateway runs it: validate the body,
-    // canonical text and language, rate complexity (text scan, tokens, signal hits), choose the
-    // starting tier, then judge the cpu verdict. Tokens: the word count where no gpu tier exists
-    // (the shipped config; the cpu worker tokenises), the real tokenizer where one does
-    // (`_gpu`). `worst` is the 60-word text whose tokens are all counted.
+    // canonical text, rate complexity (text scan, tokens, signal hits), choose the starting tier,
+    // then judge the cpu verdict. Tokens: the word count where no gpu tier exists (the shipped
+    // config; the cpu worker tokenises), the real tokenizer where one does (`_gpu`). The language
+    // the verdict is judged with is detected on the cpu worker beside tokenisation
+    // (`text/*/detect` is its cost there). `worst` is the 60-word text whose tokens are all counted.
     let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
     for (name, body, gpu) in [
         ("request_path/short", &body, false),
@@ -138,7 +139,6 @@ fn bench(c: &mut Criterion) {
                 let req = ClassifyRequest::from_json(&headers, black_box(body.as_bytes()), &limits).unwrap();
                 let canonical = tiergate::text::canonicalize(&req.text);
                 let text = if canonical.signals.changed { canonical.text.as_str() } else { &*req.text };
-                let lang = tiergate::text::detect(text);
                 let mut stats = scan(text);
                 stats.tokens = if gpu {
                     counter.count(text, spec.tokens_full).count
@@ -149,7 +149,7 @@ fn bench(c: &mut Criterion) {
                 stats.features = req.features.len();
                 let complexity = rate(&stats, spec);
                 let s = start(&complexity, &policy, &snapshot, req.deadline);
-                (s, after_cpu(&verdict, &lang, &complexity, &policy, &Ok(())))
+                (s, after_cpu(&verdict, &english, &complexity, &policy, &Ok(())))
             })
         });
     }

@@ -17,7 +17,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::tier::onnx::OnnxPool;
+use tiergate::tier::onnx::{OnnxPool, Prepared};
 use tiergate::tier::ModelConfig;
 use tiergate::tier::TierError;
 
@@ -98,14 +98,14 @@ async fn the_shipped_settings_score_a_text_the_same_alone_and_under_load() {
     let far = || tokio::time::Instant::now() + Duration::from_secs(30);
     let mut alone = Vec::new();
     for t in &texts {
-        alone.push(pool.classify(Arc::from(t.as_str()), None, far()).await.unwrap().risk_score);
+        alone.push(pool.classify(Arc::from(t.as_str()), Prepared::default(), far()).await.unwrap().risk_score);
     }
     // Every text 4 times at once, interleaved: 64 requests in flight on 2 workers.
     let tasks: Vec<_> = (0..4)
         .flat_map(|_| texts.iter().enumerate())
         .map(|(i, t)| {
             let (pool, t) = (Arc::clone(&pool), Arc::<str>::from(t.as_str()));
-            tokio::spawn(async move { (i, pool.classify(t, None, far()).await.unwrap()) })
+            tokio::spawn(async move { (i, pool.classify(t, Prepared::default(), far()).await.unwrap()) })
         })
         .collect();
     let mut max_diff: f64 = 0.0;
@@ -130,7 +130,7 @@ async fn concurrent_requests_are_batched_and_each_gets_its_own_result() {
         .iter()
         .map(|t| {
             let (pool, t) = (Arc::clone(&pool), Arc::<str>::from(t.as_str()));
-            tokio::spawn(async move { pool.classify(t, None, deadline).await })
+            tokio::spawn(async move { pool.classify(t, Prepared::default(), deadline).await })
         })
         .collect();
     let mut batched = 0;
@@ -184,11 +184,11 @@ async fn a_cancelled_client_does_not_leak_a_slot() {
         // Two requests fill the queue; both callers go away at once.
         let a = tokio::spawn({
             let pool = Arc::clone(&pool);
-            async move { pool.classify("first cancelled request".into(), None, deadline()).await }
+            async move { pool.classify("first cancelled request".into(), Prepared::default(), deadline()).await }
         });
         let b = tokio::spawn({
             let pool = Arc::clone(&pool);
-            async move { pool.classify("second cancelled request".into(), None, deadline()).await }
+            async move { pool.classify("second cancelled request".into(), Prepared::default(), deadline()).await }
         });
         tokio::task::yield_now().await;
         a.abort();
@@ -197,8 +197,8 @@ async fn a_cancelled_client_does_not_leak_a_slot() {
     eventually("the queue to drain", || pool.queue_depth() == 0 && pool.in_flight() == 0).await;
     // Both slots are free again.
     let (x, y) = tokio::join!(
-        pool.classify("hello".into(), None, deadline()),
-        pool.classify("see you".into(), None, deadline())
+        pool.classify("hello".into(), Prepared::default(), deadline()),
+        pool.classify("see you".into(), Prepared::default(), deadline())
     );
     assert!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
     assert!(!matches!(x, Err(TierError::Overloaded { .. })));

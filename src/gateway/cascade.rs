@@ -14,9 +14,9 @@ use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
-use crate::text::{Language, TextSignals};
+use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
-use crate::tier::onnx::OnnxPool;
+use crate::tier::onnx::{OnnxPool, Prepared};
 use crate::tier::windows::Encoded;
 use crate::tier::{ModelVerdict, TierError};
 use std::collections::BTreeMap;
@@ -57,15 +57,10 @@ impl Tiers<'_> {
         }
     }
 
-    async fn cpu(
-        &self,
-        text: &Arc<str>,
-        encoded: Option<Encoded>,
-        deadline: Instant,
-    ) -> Result<ModelVerdict, TierError> {
+    async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Result<ModelVerdict, TierError> {
         match self {
             Tiers::Live(live) => {
-                let r = live.cpu.classify(Arc::clone(text), encoded, deadline).await;
+                let r = live.cpu.classify(Arc::clone(text), prepared, deadline).await;
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
                 r
             }
@@ -102,7 +97,9 @@ pub struct Rating {
     /// The canonical text the models and rules read (the request's own `text` is kept for the
     /// app and the audit).
     pub text: Arc<str>,
-    pub lang: Language,
+    /// The text's language: the cpu worker detects it when the request gets there, else the
+    /// first stage that reads it.
+    pub lang: LanguageCell,
     /// What canonicalisation undid.
     pub obfuscation: TextSignals,
     pub stats: TextStats,
@@ -175,7 +172,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
     let explain = x.req.explain.then(|| Explain {
         complexity: run.rating.complexity,
         stats: run.rating.stats,
-        language: run.rating.lang,
+        language: *run.rating.lang.get(),
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),
@@ -203,7 +200,8 @@ impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         self.tried.cpu = true;
         let t = Instant::now();
-        let result = tiers.cpu(&self.rating.text, self.rating.encoded.take(), x.deadline()).await;
+        let prepared = Prepared { encoded: self.rating.encoded.take(), lang: Some(self.rating.lang.clone()) };
+        let result = tiers.cpu(&self.rating.text, prepared, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
         let remaining = x.remaining();
@@ -227,7 +225,7 @@ impl Run<'_> {
             TierName::Cpu,
             &v,
             us,
-            select::after_cpu(&v, &self.rating.lang, &self.rating.complexity, x.policy, &gpu),
+            select::after_cpu(&v, self.rating.lang.get(), &self.rating.complexity, x.policy, &gpu),
         ) {
             None => Then::Decide(TierName::Cpu, v),
             Some(Stage::Rules) => {
@@ -255,7 +253,7 @@ impl Run<'_> {
                 self.record_failure(TierName::Gpu, &e, us);
                 match select::after_failed_escalation(
                     &cpu,
-                    &self.rating.lang,
+                    self.rating.lang.get(),
                     &self.rating.complexity,
                     x.policy,
                     Outcome::from(&e),
@@ -352,7 +350,7 @@ impl Run<'_> {
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
         RulesInput {
             text: &self.rating.text,
-            lang: self.rating.lang.code,
+            lang: self.rating.lang.get().code,
             obfuscation: &self.rating.obfuscation,
             signals: &self.rating.signals,
             features: &x.req.features,

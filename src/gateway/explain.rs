@@ -4,6 +4,7 @@
 
 use super::Gateway;
 use crate::decision::Attribution;
+use crate::tier::onnx::Prepared;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -22,7 +23,7 @@ impl Gateway {
         let deadline = Instant::now() + budget;
         let variants = words.iter().map(|&(at, word)| {
             let without: Arc<str> = Arc::from(format!("{}{}", &text[..at], &text[at + word.len()..]));
-            self.cpu.classify(without, None, deadline)
+            self.cpu.classify(without, Prepared::default(), deadline)
         });
         let scores = futures_util::future::join_all(variants).await;
         let mut out: Vec<Attribution> = words

@@ -28,7 +28,7 @@ use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, Sig
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
-use crate::text;
+use crate::text::{self, LanguageCell};
 use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::{Backend, GpuTier};
 use crate::tier::onnx::OnnxPool;
@@ -232,7 +232,7 @@ impl Gateway {
     fn rate(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &SignalsSnapshot) -> Rating {
         let canonical = text::canonicalize(&req.text);
         let text: Arc<str> = if canonical.signals.changed { Arc::from(canonical.text) } else { Arc::clone(&req.text) };
-        let lang = text::detect(&text);
+        let lang = LanguageCell::new(Arc::clone(&text));
         let spec = &policy.complexity;
         let signals = policy.rules.count_signals(&text);
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {

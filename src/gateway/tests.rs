@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use crate::text::LanguageCell;
 use crate::tier::breaker::CircuitState;
 use crate::tier::{ModelVerdict, TierError};
 use crate::web::ServerConfig;
@@ -102,7 +103,7 @@ async fn replay(
 ) -> Result<Decision, ApiError> {
     let rating = Rating {
         text: req.text.clone(),
-        lang: english(),
+        lang: LanguageCell::known(req.text.clone(), english()),
         obfuscation: Default::default(),
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },

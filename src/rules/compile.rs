@@ -6,7 +6,7 @@ use super::spec::{DefaultVerdict, RuleSpec, SignalSpec};
 use super::{context, Rule, RuleSet, RulesInput, Signal};
 use crate::text::TextSignals;
 use cel::{Env, Program, Value};
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -59,7 +59,8 @@ pub fn compile(
     let allowlist = class(classes.allowlist, SpecRef::Allow, "allowlist entry");
     match default {
         Some(default) if problems.is_empty() => {
-            (Some(RuleSet { env, signals, rules, guards, allowlist, default }), problems)
+            let prefilter = RegexSet::new(signals.iter().flat_map(|s| s.patterns.iter().map(Regex::as_str))).ok();
+            (Some(RuleSet { env, signals, prefilter, rules, guards, allowlist, default }), problems)
         }
         _ => (None, problems),
     }

@@ -31,7 +31,7 @@ use crate::action::Action;
 use crate::text::TextSignals;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -52,6 +52,11 @@ struct Rule {
 pub struct RuleSet {
     env: Arc<Env>,
     signals: Vec<Signal>,
+    /// Every signal pattern in one automaton, in signal order: one pass over the text says which
+    /// patterns match at all, and only those are run again to count their matches (the pattern
+    /// the `regex` crate's `RegexSet` documentation gives). `None` when the set would exceed the
+    /// regex size limit; then every pattern is counted on its own.
+    prefilter: Option<RegexSet>,
     rules: Vec<Rule>,
     guards: Vec<Rule>,
     allowlist: Vec<Rule>,
@@ -113,9 +118,17 @@ pub struct ClassVerdict {
 impl RuleSet {
     /// Match counts of every signal over `text`.
     pub fn count_signals(&self, text: &str) -> BTreeMap<String, i64> {
+        let matched = self.prefilter.as_ref().map(|set| set.matches(text));
+        let mut index = 0..;
         self.signals
             .iter()
-            .map(|s| (s.name.clone(), s.patterns.iter().map(|p| p.find_iter(text).count() as i64).sum()))
+            .map(|s| {
+                let count = (s.patterns.iter().zip(&mut index))
+                    .filter(|(_, i)| matched.as_ref().is_none_or(|m| m.matched(*i)))
+                    .map(|(p, _)| p.find_iter(text).count() as i64)
+                    .sum();
+                (s.name.clone(), count)
+            })
             .collect()
     }
 
@@ -496,6 +509,29 @@ mod tests {
         );
         let unsure = ModelView { risk_score: 0.62, confidence: 0.62, ood_score: Some(0.3) };
         assert_eq!(eval(&p, "see you at 5", none, Some(unsure)).rule.as_deref(), Some("model_leaning_risky"));
+    }
+
+    #[test]
+    fn prefiltered_signal_counts_equal_counting_every_pattern() {
+        let p = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
+        assert!(p.rules.prefilter.is_some(), "the bundled signals fit one RegexSet");
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let mut texts = 0;
+        let mut nonzero = 0;
+        for file in ["test_sample.jsonl", "adversarial.jsonl", "adversarial_b.jsonl", "ood_short.jsonl"] {
+            for line in std::fs::read_to_string(data.join(file)).unwrap().lines() {
+                let row: serde_json::Value = serde_json::from_str(line).unwrap();
+                let text = row["text"].as_str().unwrap();
+                let every: BTreeMap<String, i64> = (p.rules.signals.iter())
+                    .map(|s| (s.name.clone(), s.patterns.iter().map(|r| r.find_iter(text).count() as i64).sum()))
+                    .collect();
+                let counted = p.rules.count_signals(text);
+                assert_eq!(counted, every, "{text}");
+                texts += 1;
+                nonzero += counted.values().filter(|&&n| n > 0).count();
+            }
+        }
+        assert!(texts > 100 && nonzero > 100, "{texts} texts, {nonzero} signals that matched");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! of a long mail.
 
 use serde::Serialize;
+use std::sync::{Arc, OnceLock};
 
 /// Fewer letters than this and the language is reported as "und" and not reliable; the script
 /// is still reported.
@@ -52,6 +53,34 @@ pub struct Language {
     /// confidence is at least [`MIN_CONFIDENCE`], or the guess beats English head to head
     /// ([`MIN_HEAD_TO_HEAD`]).
     pub reliable: bool,
+}
+
+/// The language of one text, detected at most once, on first use, by whichever thread asks
+/// first: the cpu worker, beside tokenisation and off the async runtime, when the request reaches
+/// the cpu tier (the cell travels with the job); the request task when a path skipped that tier.
+/// Clones share the cell.
+#[derive(Debug, Clone)]
+pub struct LanguageCell {
+    text: Arc<str>,
+    lang: Arc<OnceLock<Language>>,
+}
+
+impl LanguageCell {
+    /// A cell for `text` (pass the canonical text), not detected yet.
+    pub fn new(text: Arc<str>) -> LanguageCell {
+        LanguageCell { text, lang: Arc::default() }
+    }
+
+    /// A cell that already holds `lang` for `text` (replays and tests).
+    pub fn known(text: Arc<str>, lang: Language) -> LanguageCell {
+        LanguageCell { text, lang: Arc::new(OnceLock::from(lang)) }
+    }
+
+    /// The text's language ([`detect`]), detected now if no thread did before (~50-75 µs for an
+    /// SMS in a release build, bounded by [`MAX_SAMPLE_BYTES`]).
+    pub fn get(&self) -> &Language {
+        self.lang.get_or_init(|| detect(&self.text))
+    }
 }
 
 /// Language and script of `text` (see the module documentation for the limits).

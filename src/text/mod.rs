@@ -19,7 +19,7 @@ mod defang;
 pub mod lang;
 
 pub use canonical::{canonicalize, skeleton, Canonical, TextSignals};
-pub use lang::{detect, Language};
+pub use lang::{detect, Language, LanguageCell};
 
 #[cfg(test)]
 mod tests;

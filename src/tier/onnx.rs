@@ -20,6 +20,7 @@ use super::service::{doomed, queue_wait_us, ServiceTime};
 use super::windows::{Encoded, TokenCounter, Tokens};
 use super::ModelConfig;
 use super::ModelVerdict;
+use crate::text::LanguageCell;
 use crate::tier::TierError;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use ort::environment::Environment;
@@ -28,10 +29,20 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
+/// What the request path prepared of a text for the model, carried with the job so that
+/// nothing is done twice and the text analysis the verdict needs runs on the worker, off the
+/// async runtime.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// The model's input when the complexity rater already made it (tokenised once).
+    pub encoded: Option<Encoded>,
+    /// The text's language, detected by the worker beside tokenisation unless it already was.
+    pub lang: Option<LanguageCell>,
+}
+
 struct Job {
     text: Arc<str>,
-    /// The model's input when the complexity rater already made it (tokenised once).
-    encoded: Option<Encoded>,
+    prepared: Prepared,
     enqueued: Instant,
     deadline: Instant,
     reply: oneshot::Sender<Result<ModelVerdict, TierError>>,
@@ -140,20 +151,20 @@ impl OnnxPool {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Classifies `text` (from `encoding` when this pool's [`OnnxPool::tokens`] made one), giving
-    /// up at `deadline`.
+    /// Classifies `text` (from `prepared.encoded` when this pool's [`OnnxPool::tokens`] made one,
+    /// detecting `prepared.lang` on the worker), giving up at `deadline`.
     ///
     /// Errors: `Overloaded` when the queue is full, `DeadlineExceeded` when the deadline passes
     /// first, `Inference` when tokenisation or ONNX Runtime fails.
     pub async fn classify(
         &self,
         text: Arc<str>,
-        encoded: Option<Encoded>,
+        prepared: Prepared,
         deadline: tokio::time::Instant,
     ) -> Result<ModelVerdict, TierError> {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
-        let job = Job { text, encoded, enqueued, deadline: deadline.into_std(), reply };
+        let job = Job { text, prepared, enqueued, deadline: deadline.into_std(), reply };
         self.tx.try_send(job).map_err(|e| match e {
             TrySendError::Full(_) => TierError::Overloaded { capacity: self.capacity },
             TrySendError::Disconnected(_) => TierError::Unavailable("inference workers have stopped".into()),
@@ -237,7 +248,10 @@ fn worker(
         let mut ready = Vec::with_capacity(live.len());
         let mut encodings = Vec::with_capacity(live.len());
         for mut job in live {
-            match job.encoded.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
+            if let Some(lang) = &job.prepared.lang {
+                lang.get();
+            }
+            match job.prepared.encoded.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
                 Ok(e) => {
                     encodings.push(e);
                     ready.push(job);
@@ -313,7 +327,7 @@ pub(crate) mod tests {
 
     fn job(deadline: Instant) -> (Job, oneshot::Receiver<Result<ModelVerdict, TierError>>) {
         let (reply, rx) = oneshot::channel();
-        (Job { text: "x".into(), encoded: None, enqueued: Instant::now(), deadline, reply }, rx)
+        (Job { text: "x".into(), prepared: Prepared::default(), enqueued: Instant::now(), deadline, reply }, rx)
     }
 
     #[test]
@@ -380,7 +394,7 @@ pub(crate) mod tests {
         let text: Arc<str> = "Your parcel is held at customs, pay the fee at this link today".into();
         let far = || tokio::time::Instant::now() + Duration::from_secs(10);
         for _ in 0..8 {
-            pool.classify(Arc::clone(&text), None, far()).await.unwrap();
+            pool.classify(Arc::clone(&text), Prepared::default(), far()).await.unwrap();
         }
         let service_us = pool.service_us().expect("a service estimate after 8 batches");
 
@@ -392,7 +406,7 @@ pub(crate) mod tests {
         for _ in 0..n {
             let (pool, text) = (Arc::clone(&pool), Arc::clone(&text));
             let deadline = tokio::time::Instant::now() + budget;
-            waiting.push(tokio::spawn(async move { pool.classify(text, None, deadline).await }));
+            waiting.push(tokio::spawn(async move { pool.classify(text, Prepared::default(), deadline).await }));
         }
         for _ in 0..1000 {
             if pool.queue_depth() + 8 >= n {
@@ -422,7 +436,7 @@ pub(crate) mod tests {
         }
         assert_eq!(pool.queue_depth(), 0, "the jobs nobody waits for leave the queue without inference");
         assert_eq!(cpu_eligibility(&policy, &signals(&pool), budget), Ok(()), "admitted again");
-        let v = pool.classify(Arc::clone(&text), None, far()).await;
+        let v = pool.classify(Arc::clone(&text), Prepared::default(), far()).await;
         assert!(v.is_ok(), "the model answers again: {v:?}");
     }
 }

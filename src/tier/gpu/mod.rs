@@ -11,7 +11,7 @@ pub mod upstream;
 use super::breaker::{CircuitBreaker, CircuitState};
 use super::config::{GpuBackend, GpuConfig};
 use super::model::ModelInfo;
-use super::onnx::OnnxPool;
+use super::onnx::{OnnxPool, Prepared};
 use super::ModelVerdict;
 use crate::policy::PromptSpec;
 use crate::signals::latency::LatencyTracker;
@@ -100,7 +100,7 @@ impl GpuTier {
         let caller_binds = deadline < own_timeout;
         let deadline = deadline.min(own_timeout);
         let result = match &self.backend {
-            Backend::Onnx(pool) => pool.classify(text, None, deadline).await,
+            Backend::Onnx(pool) => pool.classify(text, Prepared::default(), deadline).await,
             Backend::Upstream(pool) => match prompt {
                 Some(p) => match tokio::time::timeout_at(deadline, pool.classify(p, &text, deadline)).await {
                     Ok(r) => r,

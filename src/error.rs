@@ -66,6 +66,10 @@ pub enum ApiError {
     /// (serialised by the caller, which owns the decision type).
     #[error("{message}")]
     Blocked { message: String, decision: Box<serde_json::Value> },
+    /// 403: a route with `refuse = true` matched: this path is not screened on this proxy, so it
+    /// is not forwarded at all.
+    #[error("{method} {path} is not screened by this proxy (route `{route}` refuses it); send it to a screened path")]
+    Unscreened { route: String, method: String, path: String },
     /// 502: the app could not be reached or did not answer properly.
     #[error("upstream of route `{route}` failed: {reason}")]
     BadGateway { route: String, reason: String },
@@ -87,7 +91,7 @@ impl ApiError {
             ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) | ApiError::BadTarget(_) => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::Blocked { .. } => StatusCode::FORBIDDEN,
+            ApiError::Blocked { .. } | ApiError::Unscreened { .. } => StatusCode::FORBIDDEN,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -122,6 +126,7 @@ impl ApiError {
             ApiError::BadFraming(_) => "bad_framing",
             ApiError::BadTarget(_) => "bad_request_target",
             ApiError::Blocked { .. } => "blocked",
+            ApiError::Unscreened { .. } => "unscreened_path_refused",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::BadGateway { .. } => "bad_gateway",
             ApiError::GatewayTimeout { .. } => "upstream_timeout",

@@ -576,6 +576,43 @@ fn the_sidecar_example_config_serves_and_drains_on_sigterm() {
         assert_eq!(reply.status, StatusCode::FORBIDDEN);
         assert_eq!(common::send(admin, "GET", "/readyz", &[], "").await.status, StatusCode::OK);
 
+        // The app's alias paths are screened as well (chat messages or a prompt)...
+        let prompt = |text: &str| json!({"prompt": text}).to_string();
+        for (path, body) in [
+            ("/chat/completions", chat as fn(&str) -> String),
+            ("/v1/completions", prompt),
+            ("/completions", prompt),
+            ("/completion", prompt),
+        ] {
+            let reply = post_json(public, path, body(PHISHING), &[]).await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path} was not screened");
+            let reply = post_json(public, path, body(BENIGN), &[]).await;
+            assert_eq!(reply.status, StatusCode::OK, "{path}");
+            assert_eq!((app.last().uri.as_str(), header(&app.last().headers, "x-tiergate-action")), (path, "allow"));
+        }
+        // ...any other body-carrying path is refused, never forwarded unscreened...
+        let seen = app.requests().len();
+        for (method, path) in [("POST", "/v1/embeddings"), ("POST", "/v1/responses"), ("PUT", "/anything")] {
+            let body = json!({"input": PHISHING}).to_string();
+            let reply = common::send(public, method, path, &[("content-type", "application/json")], body).await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{method} {path}");
+            assert_eq!(reply.json()["error"]["code"], "unscreened_path_refused", "{method} {path}");
+        }
+        assert_eq!(app.requests().len(), seen, "a refused request reached the app");
+        // ...reads pass through, and tiergate's own classify stays reachable on the admin listener.
+        assert_eq!(common::send(public, "GET", "/v1/models", &[], "").await.status, StatusCode::OK);
+        assert_eq!(app.last().uri, "/v1/models");
+        let reply = common::send(
+            admin,
+            "POST",
+            "/v1/classify",
+            &[("content-type", "application/json")],
+            json!({"text": PHISHING}).to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.json()["action"], "block", "{:?}", reply.json());
+
         let slow = tokio::spawn(async move { common::send(public, "GET", "/slow?ms=1500", &[], "").await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         let status = std::process::Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();

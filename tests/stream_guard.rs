@@ -107,15 +107,20 @@ async fn get(addr: SocketAddr, host: &str, path: &str) -> Streamed {
     Streamed { status: parts.status, headers: parts.headers, frames }
 }
 
-/// The `data:` JSON of the final `event: tiergate` of a cut SSE stream, and what came before it.
+/// The decision carried by the closing chunk of a cut SSE stream (an OpenAI-style chunk with
+/// `finish_reason: "content_filter"` and the decision as its `tiergate` field, then `[DONE]`),
+/// as `{"tiergate": ...}`, and what came before it.
 fn split_sse_decision(body: &str) -> (&str, Value) {
-    let at = body.find("event: tiergate\n").unwrap_or_else(|| panic!("no tiergate event in {body:?}"));
-    let (before, last) = body.split_at(at);
-    let data = last
-        .strip_prefix("event: tiergate\ndata: ")
-        .and_then(|rest| rest.strip_suffix("\n\ndata: [DONE]\n\n"))
-        .unwrap_or_else(|| panic!("the stream must end with the decision event then [DONE]: {last:?}"));
-    (before, serde_json::from_str(data).expect("the decision is JSON"))
+    let last = body
+        .strip_suffix("\n\ndata: [DONE]\n\n")
+        .unwrap_or_else(|| panic!("the stream must end with the closing chunk then [DONE]: {body:?}"));
+    let at = last.rfind("data: ").unwrap();
+    let (before, closing) = last.split_at(at);
+    let chunk: Value =
+        serde_json::from_str(closing.strip_prefix("data: ").unwrap()).expect("the closing chunk is JSON");
+    assert_eq!(chunk["choices"][0]["finish_reason"], "content_filter", "{chunk}");
+    assert_eq!(chunk["choices"][0]["delta"], serde_json::json!({}), "{chunk}");
+    (before, serde_json::json!({"tiergate": chunk["tiergate"]}))
 }
 
 fn assert_credential_block(decision: &Value) {

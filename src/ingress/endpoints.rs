@@ -1,5 +1,5 @@
 //! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
-//! `/metrics`, and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
+//! `/metrics` (on both listeners), and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
 //! `Result`; the server turns errors into responses.
 
 use super::server::{App, Role};
@@ -22,8 +22,11 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if let Role::Admin { token, .. } = &app.role {
-        // Probes and scrapes need no token: they change nothing and kubelet/Prometheus carry none.
+        // Probes, scrapes and classification need no token: they change nothing, and
+        // kubelet/Prometheus carry none. `/v1/classify` is here so that it stays reachable when a
+        // catch-all proxy route takes every public path.
         match (path.as_str(), &method) {
+            ("/v1/classify", &Method::POST) => return classify(app, req).await,
             ("/healthz", &Method::GET | &Method::HEAD) => {
                 return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
             }

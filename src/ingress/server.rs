@@ -48,8 +48,8 @@ impl App {
 pub enum Role {
     /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
     Public { proxy: Option<Arc<Proxy>> },
-    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and the
-    /// unauthenticated probes `/healthz`, `/readyz`, `/metrics`.
+    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and without one
+    /// `POST /v1/classify` and the probes `/healthz`, `/readyz`, `/metrics`.
     Admin { token: Option<String>, proxy: Option<Arc<Proxy>> },
 }
 

@@ -61,8 +61,16 @@ pub struct RouteConfig {
     /// Methods to match; empty: every method.
     #[serde(default)]
     pub methods: Vec<String>,
-    /// App base URLs (`http://host:port`), balanced by P2C over peak EWMA.
+    /// App base URLs (`http://host:port`), balanced by P2C over peak EWMA; empty (or absent) only
+    /// on a refusing route.
+    #[serde(default)]
     pub upstream: Vec<String>,
+    /// Answer every matching request 403 `unscreened_path_refused` and forward nothing: for a
+    /// path family that must not reach the app unscreened (an app's alias and future model
+    /// endpoints), placed after the routes that screen. Excludes `upstream`, `screen` and
+    /// `stream_guard`.
+    #[serde(default)]
+    pub refuse: bool,
     /// Speak HTTP/2 (prior knowledge, h2c) to the app instead of HTTP/1.1.
     #[serde(default)]
     pub http2: bool,

@@ -129,6 +129,12 @@ impl Proxy {
         route: &Route,
         req: Request<Incoming>,
     ) -> Result<Response<BoxBody>, ApiError> {
+        if route.refuse {
+            count(gateway, &route.name, "refused");
+            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+            tracing::info!(route = %route.name, %method, %path, "refused: the path is not screened");
+            return Err(ApiError::Unscreened { route: route.name.clone(), method, path });
+        }
         let (parts, body) = req.into_parts();
         let Some(screen) = &route.screen else {
             return self.forward(gateway, route, parts, Outgoing::Stream(body), None).await;

@@ -78,6 +78,8 @@ pub struct Route {
     pub(super) retries: u32,
     pub screen: Option<Screen>,
     pub(super) guard: Option<StreamGuardConfig>,
+    /// Answers 403 and forwards nothing (`refuse = true`).
+    pub(super) refuse: bool,
 }
 
 impl Route {
@@ -87,8 +89,13 @@ impl Route {
         if c.name.trim().is_empty() {
             return Err("every route needs a `name`".into());
         }
-        if c.upstream.is_empty() {
-            return Err(named("`upstream` must list at least one http:// base URL".into()));
+        if c.refuse && (!c.upstream.is_empty() || c.screen.is_some() || c.stream_guard.is_some()) {
+            return Err(named(
+                "`refuse = true` forwards nothing: remove `upstream`, `screen` and `stream_guard`".into(),
+            ));
+        }
+        if c.upstream.is_empty() && !c.refuse {
+            return Err(named("`upstream` must list at least one http:// base URL (or set `refuse = true`)".into()));
         }
         let apps = c.upstream.iter().map(|u| parse_app(u).map_err(named)).collect::<Result<Vec<_>, _>>()?;
         if c.path.is_some() && c.path_prefix.is_some() {
@@ -138,6 +145,7 @@ impl Route {
             body_idle_timeout: Duration::from_millis(c.body_idle_timeout_ms),
             retries: c.retries,
             screen,
+            refuse: c.refuse,
             guard: c.stream_guard.clone().filter(|g| g.enabled),
         })
     }
@@ -228,5 +236,10 @@ mod tests {
         assert!(bad(r#"upstream = ["http://x/app"]"#).contains("without a path"));
         assert!(bad("upstream = []").contains("at least one"));
         assert!(bad("upstream = [\"http://x\"]\npath = \"(\"").contains("not a regex"));
+        assert!(bad("refuse = true\nupstream = [\"http://x\"]").contains("forwards nothing"));
+        assert!(bad("refuse = true\n[screen]\ntext = [\"/text\"]").contains("forwards nothing"));
+        let refusing: RouteConfig = toml::from_str("name = \"r\"\nrefuse = true\nmethods = [\"POST\"]").unwrap();
+        let route = Route::new(&refusing, &ProxyConfig::default()).unwrap();
+        assert!(route.refuse && route.matches(&req("POST", "/anything", "h")) && !route.matches(&req("GET", "/", "h")));
     }
 }

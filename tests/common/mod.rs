@@ -5,6 +5,7 @@
 pub mod app;
 pub mod llama;
 pub mod openai_stub;
+pub mod python;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};

@@ -742,3 +742,60 @@ async fn the_client_is_answered_in_tiergates_http_version_whatever_the_app_speak
     assert!(reply.to_ascii_lowercase().contains("via: 1.0 tiergate"), "{reply}");
     assert!(reply.ends_with("ok"), "{reply}");
 }
+
+/// `[server] max_concurrent_requests`: past it a request is shed at once with 503, a JSON body
+/// naming the limit and `Retry-After`, and nothing reaches the app; the requests within it are
+/// served as usual, and capacity comes back when they finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_servers_concurrency_cap_are_shed_at_once() {
+    let app = app::start();
+    let routes = format!("[[routes]]\nname = \"app\"\nupstream = [\"{}\"]\n", app.url());
+    let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
+    config.server.max_concurrent_requests = 2;
+    let proxy = common::start(config);
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { common::send(proxy, "GET", "/slow?ms=1500", &[], "").await }))
+        .collect();
+    common::eventually("both slow requests reach the app", || app.requests().len() == 2).await;
+    let started = Instant::now();
+    let reply = common::send(proxy, "GET", "/slow?ms=1", &[], "").await;
+    assert!(started.elapsed() < Duration::from_millis(500), "shed at once, not queued: {:?}", started.elapsed());
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&reply.headers, "retry-after"), "1");
+    assert_eq!(reply.json()["error"]["code"], "overloaded");
+    assert!(
+        reply.json()["error"]["message"].as_str().unwrap().contains("max_concurrent_requests"),
+        "{:?}",
+        reply.json()
+    );
+    assert_eq!(app.requests().len(), 2, "the shed request never reached the app");
+    for s in slow {
+        assert_eq!(s.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(common::send(proxy, "GET", "/slow?ms=1", &[], "").await.status, StatusCode::OK, "capacity is back");
+}
+
+/// `[server] max_connections`: a connection past the cap is not served until an open one
+/// closes (it waits in the accept backlog), and then it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_wait_until_one_closes() {
+    let app = app::start();
+    let routes = format!("[[routes]]\nname = \"app\"\nupstream = [\"{}\"]\n", app.url());
+    let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
+    config.server.max_connections = 1;
+    let proxy = common::start(config);
+    let get = b"GET /status?code=200 HTTP/1.1\r\nHost: x\r\n\r\n";
+    // The first connection is served and stays open (keep-alive).
+    let mut first = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    first.write_all(get).await.unwrap();
+    let mut buf = [0u8; 1024];
+    let n = first.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    // The second is not served while the first is open...
+    let waiting = tokio::spawn(async move { raw(proxy, get, Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!waiting.is_finished(), "a connection over max_connections was served");
+    // ...and is once it closes.
+    drop(first);
+    assert_eq!(waiting.await.unwrap(), Some(200));
+}

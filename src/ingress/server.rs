@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -69,8 +70,15 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         .timer(TokioTimer::new())
         .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let requests = Arc::new(Semaphore::new(limits.max_concurrent_requests.max(1)));
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
+        // Waits here, not in accept, while the listener is at max_connections.
+        let connection = tokio::select! {
+            permit = Arc::clone(&connections).acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -87,10 +95,17 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 // requests (X-Forwarded-For).
                 let handler = {
                     let app = Arc::clone(&app);
+                    let requests = Arc::clone(&requests);
                     tower::service_fn(move |mut req: Request<Incoming>| {
                         req.extensions_mut().insert(PeerAddr(peer));
                         let app = Arc::clone(&app);
-                        async move { Ok::<_, Infallible>(handle(&app, req).await) }
+                        let permit = Arc::clone(&requests).try_acquire_owned();
+                        async move {
+                            let Ok(_permit) = permit else {
+                                return Ok::<_, Infallible>(at_capacity(&app));
+                            };
+                            Ok(handle(&app, req).await)
+                        }
                     })
                 };
                 let service = ServiceBuilder::new()
@@ -102,6 +117,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
+                    let _connection = connection;
                     if let Err(e) = conn.await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
@@ -119,6 +135,16 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         }
     }
     Ok(())
+}
+
+/// The answer to a request over `[server] max_concurrent_requests`: 503 at once, counted in
+/// `tiergate_responses_total{status="503"}`.
+fn at_capacity(app: &App) -> Response<BoxBody> {
+    let limit = app.limits.max_concurrent_requests;
+    let reason = format!("the server is handling its maximum of {limit} requests at once (max_concurrent_requests)");
+    let response = boxed(ApiError::Shed { reason, retry_after_s: 1 }.into_response());
+    app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
+    response
 }
 
 /// Refuses ambiguous framing, then hands the request to its proxy route (which applies the

@@ -27,6 +27,14 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish, ms.
     pub shutdown_grace_ms: u64,
+    /// Most requests a listener handles at once (each listener its own count), from arrival
+    /// until the response head is sent; past it a request is shed at once with 503
+    /// `overloaded` and `Retry-After: 1`, before its body is read. Bounds the memory and tasks a
+    /// flood can take (tower's load-shed pattern: refuse at once rather than queue).
+    pub max_concurrent_requests: usize,
+    /// Most open client connections per listener; past it new connections wait in the kernel's
+    /// accept backlog until one closes (nginx's `worker_connections`).
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +50,8 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 5_000,
             max_header_bytes: 64 * 1024,
             shutdown_grace_ms: 10_000,
+            max_concurrent_requests: 4_096,
+            max_connections: 16_384,
         }
     }
 }

@@ -94,6 +94,11 @@ pub struct Decision {
     pub model: String,
     /// Time from the start of the decision to the response, µs.
     pub latency_us: u64,
+    /// Rules decided because no model tier had the capacity to (queue full or its wait past
+    /// the deadline, a doomed or timed-out job, utilisation or in-flight limits). Proxy routes
+    /// choose what to do with such decisions (`on_overload`). Omitted when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub overloaded: bool,
     /// With `?explain=true`: why the request was routed as it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explain: Option<Explain>,

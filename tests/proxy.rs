@@ -799,3 +799,54 @@ async fn connections_over_the_cap_wait_until_one_closes() {
     drop(first);
     assert_eq!(waiting.await.unwrap(), Some(200));
 }
+
+/// A decision made by rules because no model tier had capacity (here: the cpu over its
+/// `max_utilization`) is marked `overloaded`; a route with `on_overload = "shed"` answers it 503
+/// with `Retry-After` and forwards nothing, the default forwards it with the rules' action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_says_what_happens_to_a_decision_made_under_overload() {
+    let app = app::start();
+    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
+    let busy_policy =
+        common::policies_with_routing("proxy-busy", &routing.replace("max_utilization = 1.0", "max_utilization = 0.5"));
+    let routes = format!(
+        r#"
+        [[routes]]
+        name = "forward"
+        path_prefix = "/echo/forward"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+        policy = "{policy}"
+
+        [[routes]]
+        name = "shed"
+        path_prefix = "/echo/shed"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+        policy = "{policy}"
+        on_overload = "shed"
+        "#,
+        app = app.url(),
+        policy = busy_policy.display()
+    );
+    let config = common::config_with_routes(&common::repo().join("policies"), &routes);
+    let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
+    let sources = tiergate::gateway::Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Default::default() };
+    let (proxy, _) = common::start_with(config, sources);
+    let body = json!({"text": "see you at the station at noon"}).to_string();
+
+    let reply = post_json(proxy, "/echo/forward", body.clone(), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = app.last();
+    assert_eq!(header(&seen.headers, "x-tiergate-tier"), "rules");
+    assert_eq!(header(&seen.headers, "x-tiergate-overloaded"), "true");
+
+    let seen = app.requests().len();
+    let reply = post_json(proxy, "/echo/shed", body, &[]).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", reply.json());
+    assert_eq!(header(&reply.headers, "retry-after"), "1");
+    assert_eq!(reply.json()["error"]["code"], "overloaded");
+    assert_eq!(app.requests().len(), seen, "a shed request never reaches the app");
+}

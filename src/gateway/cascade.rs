@@ -13,7 +13,7 @@ use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
 use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
-use crate::select::{self, Fallback, Next, SignalsSnapshot, Stage, Start, Tried};
+use crate::select::{self, Fallback, Ineligible, Next, SignalsSnapshot, Stage, Start, Tried};
 use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::{OnnxPool, Prepared};
@@ -168,6 +168,9 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
             Then::Stage(next) => next,
         };
     };
+    decision.overloaded = decision.tier == TierName::Rules
+        && (start.cpu.as_ref().is_err_and(Ineligible::is_capacity)
+            || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
     let explain = x.req.explain.then(|| Explain {
         complexity: run.rating.complexity,
@@ -409,6 +412,7 @@ fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Ac
         policy_version: String::new(),
         model: String::new(),
         latency_us: 0,
+        overloaded: false,
         explain: None,
     }
 }

@@ -163,6 +163,7 @@ async fn a_failed_cpu_tier_hands_over_to_an_eligible_gpu_tier_else_rules() {
         [(TierName::Cpu, Outcome::Shed), (TierName::Gpu, Outcome::Skipped), (TierName::Rules, Outcome::Matched)]
     );
     assert_eq!((d.action, d.rule.as_deref()), (Action::Block, Some("credential_request")));
+    assert!(d.overloaded, "rules decided because the cpu queue was full");
 }
 
 #[tokio::test]
@@ -177,6 +178,7 @@ async fn out_of_distribution_text_goes_to_rules_and_the_path_says_why() {
         ]
     );
     assert_eq!(d.action, Action::Review, "the policy default");
+    assert!(!d.overloaded, "rules decided because of the text, not of load");
     assert!(d.path[1].reason.as_deref().unwrap().starts_with("unavailable: no gpu tier configured"));
 }
 

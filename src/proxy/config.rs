@@ -136,6 +136,12 @@ pub struct ScreenConfig {
     /// What `block` does: `block` (403 with the decision), or `forward` (monitor mode).
     #[serde(default = "block")]
     pub on_block: Disposition,
+    /// What a decision made by rules because the model tiers were out of capacity
+    /// (`overloaded` in the decision) does: `forward` it with its action, or `shed` the request
+    /// with 503 and `Retry-After` (the client retries; the app never sees a request no model
+    /// judged). A `block` is blocked either way.
+    #[serde(default)]
+    pub on_overload: OverloadMode,
     /// Decision budget, ms; absent: `server.default_deadline_ms`.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
@@ -164,6 +170,17 @@ pub enum FailMode {
     Closed,
     /// Forward it unscreened, marked `x-tiergate-action: unscreened`.
     Open,
+}
+
+/// What a route does with a decision made under overload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverloadMode {
+    /// Forward it with the rules' action, as any decision.
+    #[default]
+    Forward,
+    /// Answer 503 with `Retry-After`.
+    Shed,
 }
 
 /// What happens to a request given an action.

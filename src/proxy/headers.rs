@@ -128,7 +128,8 @@ pub(super) fn prepare_request_headers(
     }
 }
 
-/// The decision headers (`x-tiergate-action`, `-risk-score`, `-tier`, `-policy-version`, `-rule`),
+/// The decision headers (`x-tiergate-action`, `-risk-score`, `-tier`, `-policy-version`, `-rule`,
+/// `-overloaded`),
 /// or for a fail-open request `x-tiergate-action: unscreened` and `x-tiergate-screen-error`.
 pub(crate) fn set_decision_headers(headers: &mut HeaderMap, screened: &Screening) {
     match screened {
@@ -144,6 +145,9 @@ pub(crate) fn set_decision_headers(headers: &mut HeaderMap, screened: &Screening
             }
             if let Some(rule) = d.rule.as_deref().and_then(|r| HeaderValue::from_str(r).ok()) {
                 headers.insert(names::RULE, rule);
+            }
+            if d.overloaded {
+                headers.insert(names::OVERLOADED, HeaderValue::from_static("true"));
             }
         }
         Screening::Failed(reason) => {

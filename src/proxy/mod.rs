@@ -29,7 +29,7 @@ use crate::gateway::Gateway;
 use crate::metrics::RouteLabels;
 use crate::policy::Action;
 use crate::web::{headers as names, BoxBody, ServerConfig};
-use config::{Disposition, FailMode, ProxyConfig, RouteConfig};
+use config::{Disposition, FailMode, OverloadMode, ProxyConfig, RouteConfig};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -185,6 +185,11 @@ pub(crate) fn decide(
             if disposition == Disposition::Block {
                 count("blocked");
                 return Err(blocked(&decision));
+            }
+            if decision.overloaded && screen.config.on_overload == OverloadMode::Shed {
+                count("shed");
+                let reason = "no model tier had the capacity to judge the request (route on_overload = shed)".into();
+                return Err(ApiError::Shed { reason, retry_after_s: 1 });
             }
             Ok(Screening::Decided(decision))
         }

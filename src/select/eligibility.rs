@@ -59,6 +59,24 @@ pub enum Ineligible {
     Failed(Outcome),
 }
 
+impl Ineligible {
+    /// Whether the tier is refused for lack of capacity now (utilisation, queue, in-flight,
+    /// memory or KV-cache limits, or a queue wait the deadline cannot cover), as opposed to
+    /// configuration, health or the request itself.
+    pub fn is_capacity(&self) -> bool {
+        match self {
+            Ineligible::CpuUtilization { .. }
+            | Ineligible::QueueDepth { .. }
+            | Ineligible::QueueWait { .. }
+            | Ineligible::InFlight { .. }
+            | Ineligible::FreeMemory { .. }
+            | Ineligible::KvCacheHeadroom { .. } => true,
+            Ineligible::Deadline { wait_us, .. } => *wait_us > 0,
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for Ineligible {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -42,5 +42,7 @@ pub const RISK_SCORE: &str = "x-tiergate-risk-score";
 pub const TIER: &str = "x-tiergate-tier";
 pub const POLICY_VERSION: &str = "x-tiergate-policy-version";
 pub const RULE: &str = "x-tiergate-rule";
+/// `true` when rules decided because no model tier had capacity (absent otherwise).
+pub const OVERLOADED: &str = "x-tiergate-overloaded";
 /// Why a fail-open route forwarded a request unscreened.
 pub const SCREEN_ERROR: &str = "x-tiergate-screen-error";

@@ -56,7 +56,8 @@ pub enum ApiError {
     #[error("ambiguous message framing: {0}")]
     BadFraming(String),
     /// 400: a request target or `Host` that routes could read differently from the app: an
-    /// encoded `/` in the path, broken percent-encoding, several `Host` headers, none in HTTP/1.1.
+    /// encoded `/` in the path, a literal `\` or `;` in it, broken percent-encoding, several
+    /// `Host` headers, none in HTTP/1.1.
     #[error("bad request target: {0}")]
     BadTarget(String),
     /// 501: a transfer coding other than `chunked` (RFC 9112 §6.1).

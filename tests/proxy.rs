@@ -666,6 +666,28 @@ async fn every_spelling_of_a_screened_path_is_screened() {
     assert_eq!(header(&seen.headers, "host"), "other.example", "unscreened, so not under the screened host's name");
 }
 
+/// Spellings apps read differently (issue 13, item 8): a case variant meets the screened route
+/// (routes match ignoring ASCII case), a literal `\` or a `;` parameter is refused; none reaches
+/// the app unscreened.
+#[tokio::test]
+async fn spellings_apps_read_differently_are_screened_or_refused() {
+    let s = setup();
+    let reply = post_json(s.proxy, "/ECHO/Chat", chat(PHISHING), &[]).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "a case variant is screened");
+    for path in ["/echo\\chat", "/echo/chat;x=1", "/echo;jsessionid=1/chat"] {
+        let reply = post_json(s.proxy, path, chat(PHISHING), &[]).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(reply.json()["error"]["code"], "bad_request_target", "{path}");
+    }
+    let reached = |r: &app::Seen| r.uri == "/ECHO/Chat" || r.uri.contains(';') || r.uri.contains('\\');
+    assert!(!s.app.requests().iter().any(reached), "nothing reached the app");
+    // The app gets the client's case, screened.
+    let reply = post_json(s.proxy, "/Echo/CHAT", chat(BENIGN), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = s.app.requests().into_iter().rev().find(|r| r.uri == "/Echo/CHAT").unwrap();
+    assert_eq!(header(&seen.headers, "x-tiergate-action"), "allow");
+}
+
 #[tokio::test]
 async fn every_value_of_a_repeated_source_is_screened() {
     let s = setup();

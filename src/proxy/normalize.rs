@@ -7,6 +7,20 @@
 //! removed (§5.2.4). Refused: encoded `/` and `\` (`%2F`, `%5C`: apps differ on whether they
 //! separate segments), encoded control characters and broken percent-encoding.
 //!
+//! Spellings apps read differently, decided one by one. The rule for a screening proxy: what an
+//! app may read as another path is refused (400 `bad_request_target`, naming the character), not
+//! guessed at, since normalising it one way would still miss the apps that read it the other way.
+//! - A literal `\`: refused. IIS and other Windows stacks read it as `/` (`/v1\chat` is their
+//!   `/v1/chat`), most others as a character of the segment.
+//! - A `;` in the path: refused. Tomcat, Jetty and Spring strip `;` parameters from each
+//!   segment (`/v1/chat;jsessionid=1/completions` reaches their `/v1/chat/completions`), others
+//!   keep them as part of the name. An encoded `%3B` is data to all of them and is kept.
+//! - Case (`/V1/Chat`): apps matching case-insensitively (ASP.NET, IIS) and case-sensitively
+//!   both exist, and refusing upper case would refuse real paths. Routes therefore match the
+//!   path ignoring ASCII case (`path_prefix` and `path`, see `route.rs`), so a case variant
+//!   always meets the route its lower-case spelling meets; the app gets the normalised path in
+//! the client's case.
+//!
 //! Host (RFC 9112 §3.2): an HTTP/1.1 request needs exactly one `Host`; an absolute-form target's
 //! authority replaces `Host` (§3.2.2), an HTTP/2 `:authority` must agree with any `Host` (RFC 9113
 //! §8.3.1), and userinfo is refused, so the host routed on is the host forwarded.
@@ -63,6 +77,12 @@ pub fn request<B>(req: &mut Request<B>) -> Result<(), ApiError> {
 pub fn path(raw: &str) -> Result<Cow<'_, str>, String> {
     if !raw.starts_with('/') {
         return Ok(Cow::Borrowed(raw));
+    }
+    if raw.contains('\\') {
+        return Err("a literal `\\` in the path (some apps read it as `/`)".into());
+    }
+    if raw.contains(';') {
+        return Err("a `;` in the path (some apps strip `;` parameters from a segment)".into());
     }
     let mut decoded = String::with_capacity(raw.len());
     let mut rest = raw;
@@ -134,6 +154,26 @@ mod tests {
     }
 
     #[test]
+    fn spellings_apps_read_differently_are_refused_naming_the_character() {
+        for (bad, named) in [
+            ("/echo\\chat", "`\\`"),
+            ("/v1\\..\\chat", "`\\`"),
+            ("/echo/chat;x=1", "`;`"),
+            ("/v1/chat;jsessionid=1/completions", "`;`"),
+            ("/;", "`;`"),
+        ] {
+            let err = path(bad).unwrap_err();
+            assert!(err.contains(named), "{bad}: {err}");
+        }
+        assert_eq!(path("/a%3Bb").unwrap(), "/a%3Bb", "an encoded `;` is data");
+        assert_eq!(path("/V1/Chat").unwrap(), "/V1/Chat", "case is kept (routes match ignoring it)");
+        let mut r = Request::post("/echo/chat;x=1").header("host", "h").body(()).unwrap();
+        let err = request(&mut r).unwrap_err();
+        assert_eq!((err.status().as_u16(), err.code()), (400, "bad_request_target"));
+        assert!(err.to_string().contains("`;`"), "{err}");
+    }
+
+    #[test]
     fn hosts() {
         let mut r = Request::get("http://api.example.com/x").header("host", "other.example").body(()).unwrap();
         request(&mut r).unwrap();
@@ -159,5 +199,45 @@ mod tests {
         assert!(request(&mut r).is_err(), "userinfo");
         let mut r = Request::get("/x").header("host", "api.example.com@other.example").body(()).unwrap();
         assert!(request(&mut r).is_err(), "userinfo in Host");
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::path;
+    use proptest::prelude::*;
+
+    /// Paths made of the characters normalisation cares about, and of anything at all.
+    fn raw_path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "(/|//|\\.|\\.\\.|%2[eE]|%2[fF]|%5[cC]|%[0-9a-fA-F]{0,2}|%7[eE]|%41|%61|%30|[a-zA-Z0-9~_.;-]){0,24}"
+                .prop_map(|s| format!("/{s}")),
+            any::<String>().prop_map(|s| format!("/{s}")),
+        ]
+    }
+
+    /// `(byte)` of each `%XX` in `s`.
+    fn encoded_bytes(s: &str) -> Vec<u8> {
+        s.match_indices('%')
+            .filter_map(|(i, _)| s.get(i + 1..i + 3))
+            .filter_map(|h| u8::from_str_radix(h, 16).ok())
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn a_normalised_path_is_normal_and_stays_so(raw in raw_path()) {
+            let Ok(normal) = path(&raw) else { return Ok(()) };
+            prop_assert!(normal.starts_with('/'), "{raw:?} -> {normal:?}");
+            prop_assert!(!normal.contains("//"), "{raw:?} -> {normal:?}");
+            prop_assert!(!normal.split('/').any(|s| s == "." || s == ".."), "{raw:?} -> {normal:?}");
+            prop_assert!(!normal.contains('\\') && !normal.contains(';'), "{raw:?} -> {normal:?}");
+            let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+            prop_assert!(!encoded_bytes(&normal).into_iter().any(unreserved), "{raw:?} -> {normal:?}");
+            let again = path(&normal);
+            prop_assert_eq!(again.as_deref(), Ok(&*normal), "idempotent: {:?}", raw);
+        }
     }
 }

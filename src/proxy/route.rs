@@ -104,7 +104,11 @@ impl Route {
         let path = c
             .path
             .as_deref()
-            .map(|p| regex::Regex::new(&format!("^(?:{p})$")).map_err(|e| named(format!("`path` is not a regex: {e}"))))
+            .map(|p| {
+                // Case-insensitive, as `path_prefix` (see `matches`).
+                let re = regex::RegexBuilder::new(&format!("^(?:{p})$")).case_insensitive(true).build();
+                re.map_err(|e| named(format!("`path` is not a regex: {e}")))
+            })
             .transpose()?;
         if let Some(prefix) = &c.path_prefix {
             if !prefix.starts_with('/') {
@@ -154,13 +158,11 @@ impl Route {
         if !self.methods.is_empty() && !self.methods.contains(req.method()) {
             return false;
         }
+        // Paths match ignoring ASCII case: apps that route case-insensitively (ASP.NET, IIS) read
+        // `/V1/Chat` as `/v1/chat`, so a case variant must meet the same route (see `normalize`).
         let path = req.uri().path();
-        if let Some(prefix) = &self.path_prefix {
-            let at_boundary =
-                path.strip_prefix(prefix.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-            if !at_boundary {
-                return false;
-            }
+        if self.path_prefix.as_deref().is_some_and(|prefix| !has_prefix_ignoring_case(path, prefix)) {
+            return false;
         }
         if self.path.as_ref().is_some_and(|re| !re.is_match(path)) {
             return false;
@@ -171,6 +173,14 @@ impl Route {
             Some(want) => request_host(req).is_some_and(|h| h.trim_end_matches('.').eq_ignore_ascii_case(want)),
         }
     }
+}
+
+/// `path` starts with `prefix` (ASCII case ignored) at a segment boundary: `/v1` is a prefix of
+/// `/V1/chat` and `/v1`, not of `/v10`.
+fn has_prefix_ignoring_case(path: &str, prefix: &str) -> bool {
+    let (path, prefix) = (path.as_bytes(), prefix.as_bytes());
+    path.get(..prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+        && matches!(path.get(prefix.len()), None | Some(b'/'))
 }
 
 /// The request's host without the port: the URI's authority (HTTP/2, absolute-form) or `Host`.
@@ -228,6 +238,8 @@ mod tests {
         assert!(!route.matches(&req("POST", "/v10", "api.example.com")), "prefix at a segment boundary");
         assert!(!route.matches(&req("GET", "/v1/chat", "api.example.com")));
         assert!(!route.matches(&req("POST", "/v1/chat", "other.example.com")));
+        assert!(route.matches(&req("POST", "/V1/Chat", "api.example.com")), "case variants match");
+        assert!(!route.matches(&req("POST", "/V10", "api.example.com")));
         let bad = |extra: &str| {
             let c: RouteConfig = toml::from_str(&format!("name = \"r\"\n{extra}")).unwrap();
             Route::new(&c, &ProxyConfig::default()).err().unwrap()
@@ -241,5 +253,29 @@ mod tests {
         let refusing: RouteConfig = toml::from_str("name = \"r\"\nrefuse = true\nmethods = [\"POST\"]").unwrap();
         let route = Route::new(&refusing, &ProxyConfig::default()).unwrap();
         assert!(route.refuse && route.matches(&req("POST", "/anything", "h")) && !route.matches(&req("GET", "/", "h")));
+    }
+
+    #[test]
+    fn paths_match_ignoring_ascii_case() {
+        let route = |extra: &str| {
+            let c: RouteConfig =
+                toml::from_str(&format!("name = \"r\"\nupstream = [\"http://x:1\"]\n{extra}")).unwrap();
+            Route::new(&c, &ProxyConfig::default()).unwrap()
+        };
+        let req = |uri: &str| Request::post(uri).header("host", "h").body(()).unwrap();
+        let prefix = route("path_prefix = \"/Echo/chat/\"");
+        for uri in ["/echo/chat", "/ECHO/CHAT/x", "/eCho/Chat"] {
+            assert!(prefix.matches(&req(uri)), "{uri}");
+        }
+        for uri in ["/echo/chats", "/echo", "/", "/x/echo/chat"] {
+            assert!(!prefix.matches(&req(uri)), "{uri}");
+        }
+        let regex = route("path = \"/v1/(chat|embed)/[a-z]+\"");
+        for uri in ["/v1/chat/completions", "/V1/CHAT/Completions", "/v1/Embed/x"] {
+            assert!(regex.matches(&req(uri)), "{uri}");
+        }
+        assert!(!regex.matches(&req("/v1/chat/x/y")), "still anchored");
+        assert!(!regex.matches(&req("/x/v1/chat/y")), "still anchored");
+        assert!(has_prefix_ignoring_case("/é", "") && !has_prefix_ignoring_case("/", "/é"), "bytes, no char boundary");
     }
 }

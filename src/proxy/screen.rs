@@ -61,10 +61,9 @@ impl Source {
                     at = match at {
                         Value::Object(map) => map.get(token)?,
                         Value::Array(items) if token == "-1" => items.last()?,
-                        // RFC 6901 §4: array indices are decimal without leading zeros.
-                        Value::Array(items) if token == "0" || !token.starts_with('0') => {
-                            items.get(token.parse::<usize>().ok()?)?
-                        }
+                        // RFC 6901 §4: array indices are decimal digits without leading zeros
+                        // (not `+1`, which `usize::from_str` would take).
+                        Value::Array(items) if is_index(token) => items.get(token.parse::<usize>().ok()?)?,
                         _ => return None,
                     };
                 }
@@ -90,6 +89,11 @@ impl Source {
             }
         }
     }
+}
+
+/// An RFC 6901 array index: `0`, or digits not starting with `0`.
+fn is_index(token: &str) -> bool {
+    token == "0" || (!token.starts_with('0') && !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A route's screening rule, compiled.
@@ -278,7 +282,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parts(uri: &str) -> Parts {
+    pub(super) fn parts(uri: &str) -> Parts {
         let (parts, ()) = http::Request::post(uri).header("x-country", "NL").body(()).unwrap().into_parts();
         parts
     }
@@ -292,6 +296,7 @@ mod tests {
         assert_eq!(get("/messages/0/content"), Some(json!("first")));
         assert_eq!(get("/a~1b/~0x"), Some(json!(7)));
         assert_eq!(get("/n/01"), None, "leading zeros are not indices");
+        assert_eq!(get("/n/+1"), None, "a sign is not an index");
         assert_eq!(get("/messages/5/content"), None);
         assert_eq!(get(""), Some(body.clone()), "the empty pointer is the whole document");
         assert_eq!(get("header:x-country"), Some(json!("NL")));
@@ -302,5 +307,98 @@ mod tests {
         let mut text = Vec::new();
         collect_text(&body["messages"], &mut text);
         assert_eq!(text, ["first", "last"]);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::tests::parts;
+    use super::Source;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// Keys rich in what pointers escape (`~`, `/`) and in what looks like an index.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![4 => "[a-z~/01-]{0,5}", 1 => any::<String>()]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            key().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(key(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn escape(token: &str) -> String {
+        token.replace('~', "~0").replace('/', "~1")
+    }
+
+    fn get(spec: &str, body: &Value) -> Option<Value> {
+        Source::parse(spec).unwrap().get(&parts("/"), Some(body))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn parsing_any_source_never_panics(spec in any::<String>()) {
+            let _ = Source::parse(&spec);
+            let _ = Source::parse(&format!("/{spec}"));
+            let _ = Source::parse(&format!("header:{spec}"));
+        }
+
+        #[test]
+        fn escaping_round_trips(token in key()) {
+            prop_assert_eq!(Source::parse(&format!("/{}", escape(&token))), Ok(Source::Pointer(vec![token])));
+        }
+
+        /// A pointer to a value that exists finds it; `-1` for an array's last element too.
+        #[test]
+        fn a_pointer_to_a_present_value_finds_it(body in json(), choices in prop::collection::vec(any::<usize>(), 0..6)) {
+            let (mut at, mut tokens, mut last_of_array) = (&body, Vec::new(), false);
+            for c in choices {
+                (at, last_of_array) = match at {
+                    Value::Array(items) if !items.is_empty() => {
+                        tokens.push((c % items.len()).to_string());
+                        (&items[c % items.len()], c % items.len() + 1 == items.len())
+                    }
+                    Value::Object(map) if !map.is_empty() => {
+                        let (k, v) = map.iter().nth(c % map.len()).unwrap();
+                        tokens.push(k.clone());
+                        (v, false)
+                    }
+                    _ => break,
+                };
+            }
+            let pointer: String = tokens.iter().map(|t| format!("/{}", escape(t))).collect();
+            prop_assert_eq!(get(&pointer, &body), Some(at.clone()), "{}", pointer);
+            if last_of_array {
+                let parent: String = tokens[..tokens.len() - 1].iter().map(|t| format!("/{}", escape(t))).collect();
+                prop_assert_eq!(get(&format!("{parent}/-1"), &body), Some(at.clone()), "{}/-1", parent);
+            }
+        }
+
+        /// Only RFC 6901 indices (and `-1`) select array elements.
+        #[test]
+        fn only_indices_select_array_elements(token in "[0-9+ -]{0,4}|\\PC{0,4}", len in 0usize..12) {
+            let body = Value::Array((0..len).map(Value::from).collect());
+            let found = get(&format!("/{}", escape(&token)), &body);
+            let want = match token.as_str() {
+                "-1" => body.as_array().unwrap().last().cloned(),
+                t if t == "0" || (!t.is_empty() && !t.starts_with('0') && t.bytes().all(|b| b.is_ascii_digit())) => {
+                    t.parse::<usize>().ok().and_then(|i| body.get(i).cloned())
+                }
+                _ => None,
+            };
+            prop_assert_eq!(found, want, "{:?}", token);
+        }
     }
 }

@@ -71,7 +71,8 @@ done
 
 # ---- 3. /readyz: the device as tiergate sees it ----------------------------------------------
 sleep 1  # one GPU sampling period (signals.gpu_interval_ms), so /readyz has a fresh reading
-curl -s "http://127.0.0.1:$PORT/readyz" > "$OUT/readyz-before.json"
+# /readyz details and /metrics are served on the admin listener ([admin] public_* are off).
+curl -s "http://127.0.0.1:$((PORT + 1))/readyz" > "$OUT/readyz-before.json"
 python3 - "$OUT/readyz-before.json" <<'EOF' | tee -a "$OUT/report.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -93,8 +94,8 @@ probe | tee "$OUT/probe.json" | python3 -c 'import json,sys; d=json.load(sys.std
     --data tests/data/ood_short.jsonl --data tests/data/test_sample.jsonl --pid $SERVER \
     --degraded '"tier":"gpu","outcome":"skipped"' --degraded '"tier":"gpu","outcome":"error"' \
     --json "$OUT/load.jsonl" | tee -a "$OUT/report.txt"
-curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics.txt"
-curl -s "http://127.0.0.1:$PORT/readyz" > "$OUT/readyz-after.json"
+curl -s "http://127.0.0.1:$((PORT + 1))/metrics" > "$OUT/metrics.txt"
+curl -s "http://127.0.0.1:$((PORT + 1))/readyz" > "$OUT/readyz-after.json"
 python3 - "$OUT/metrics.txt" <<'EOF' | tee -a "$OUT/report.txt"
 import re, sys
 # tiergate_tier_latency_seconds{tier="gpu"}: p50 / p99 from the histogram buckets

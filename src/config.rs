@@ -100,6 +100,7 @@ impl Config {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         for (key, value) in table.iter_mut() {
             interpolate(value, key).map_err(ConfigError::Parse)?;
+            check_durations(value, key).map_err(ConfigError::Invalid)?;
         }
         serde_path_to_error::deserialize(table).map_err(|e| {
             let at = e.path().to_string();
@@ -190,6 +191,41 @@ fn interpolate(value: &mut toml::Value, at: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest duration any setting may name: one day. Durations become `Duration`s added to
+/// `Instant`s, and a huge one (up to `i64::MAX` ms in TOML) overflows that addition and panics
+/// on a request path; no timeout, interval or ejection in tiergate needs to be longer.
+pub const MAX_DURATION_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Errors on any key ending in `_ms` (milliseconds) or `_us` (microseconds), at any depth,
+/// whose value is over [`MAX_DURATION_MS`], naming the key and the limit.
+fn check_durations(value: &toml::Value, at: &str) -> Result<(), String> {
+    match value {
+        toml::Value::Integer(n) => {
+            let limit = match at.rsplit('.').next().unwrap_or(at) {
+                k if k.ends_with("_ms") => MAX_DURATION_MS,
+                k if k.ends_with("_us") => MAX_DURATION_MS * 1000,
+                _ => return Ok(()),
+            };
+            if u64::try_from(*n).is_ok_and(|n| n > limit) {
+                let unit = if limit == MAX_DURATION_MS { "ms" } else { "µs" };
+                return Err(format!("{at}: {n} is over the limit of {limit} {unit} (1 day)"));
+            }
+        }
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                check_durations(item, &format!("{at}[{i}]"))?;
+            }
+        }
+        toml::Value::Table(table) => {
+            for (key, item) in table {
+                check_durations(item, &format!("{at}.{key}"))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Shell-style expansion of `${NAME}` and `${NAME:-default}` (the default when unset or empty);
 /// `$${` stays a literal `${`. An unset variable without a default is an error.
 fn expand_env(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
@@ -232,6 +268,16 @@ fn expand_env(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_over_a_day_are_refused_naming_the_key() {
+        // Without the check this parses, and `Instant::now() + request_timeout` panics.
+        let err = Config::parse("[server]\nrequest_timeout_ms = 9223372036854775807").unwrap_err().to_string();
+        assert!(err.contains("server.request_timeout_ms") && err.contains("86400000"), "{err}");
+        let err = Config::parse("[model]\nmax_queue_delay_us = 86400000001").unwrap_err().to_string();
+        assert!(err.contains("model.max_queue_delay_us") && err.contains("µs"), "{err}");
+        assert!(Config::parse("[gpu]\ntimeout_ms = 86400000").is_ok());
+    }
 
     #[test]
     fn env_expansion() {

@@ -176,3 +176,26 @@ async fn health_readiness_and_metrics() {
     assert!(text.contains("tiergate_decision_latency_seconds_bucket"), "{text}");
     assert!(text.contains("tiergate_cpu_queue_depth"), "{text}");
 }
+
+#[tokio::test]
+async fn the_public_listener_serves_no_evasion_oracle() {
+    let mut c = config(&repo().join("policies"));
+    c.admin = Default::default(); // the defaults: public_metrics, public_readyz_details, public_explain off
+    let (public, admin, _) = start_with_admin(c, Default::default(), None);
+    let r = send(public, "GET", "/metrics", &[], "").await;
+    assert_eq!(r.status, 404);
+    let r = send(public, "GET", "/readyz", &[], "").await;
+    assert_eq!((r.status.as_u16(), r.json()), (200, json!({"status": "ready"})));
+    let body = json!({"text": "hello there"}).to_string();
+    let ct = [("content-type", "application/json")];
+    let r = send(public, "POST", "/v1/classify?explain=true", &ct, body.clone()).await;
+    assert_eq!(r.status, 422);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("public_explain"), "{}", r.json());
+    assert_eq!(send(public, "POST", "/v1/classify", &ct, body.clone()).await.status, 200);
+    // All of it on the admin listener.
+    assert_eq!(send(admin, "GET", "/metrics", &[], "").await.status, 200);
+    assert_eq!(send(admin, "GET", "/readyz", &[], "").await.json()["tiers"]["cpu"]["status"], "ready");
+    let r = send(admin, "POST", "/v1/classify?explain=true", &ct, body).await;
+    assert_eq!(r.status, 200);
+    assert!(r.json()["explain"].is_object(), "{}", r.json());
+}

@@ -42,24 +42,63 @@ fn a_missing_onnxruntime_library_is_a_clear_error() {
     assert!(err.contains("ORT_DYLIB_PATH points at /nonexistent/libonnxruntime.so, which is not a file"), "{err}");
 }
 
-#[test]
-fn a_model_file_that_does_not_match_its_checksum_is_refused() {
-    let dir = std::env::temp_dir().join(format!("tiergate-badsha-{}", std::process::id()));
+/// A fresh directory of links to the bundled model's files, except `copied`, which are copies.
+fn model_dir_copy(tag: &str, copied: &[&str]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiergate-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for entry in std::fs::read_dir(repo().join("models")).unwrap() {
         let path = entry.unwrap().path();
-        if path.is_file() {
-            std::os::unix::fs::symlink(&path, dir.join(path.file_name().unwrap())).unwrap();
+        let name = path.file_name().unwrap();
+        if copied.iter().any(|c| std::ffi::OsStr::new(c) == name) {
+            std::fs::copy(&path, dir.join(name)).unwrap();
+        } else if path.is_file() {
+            std::os::unix::fs::symlink(&path, dir.join(name)).unwrap();
         }
     }
+    dir
+}
+
+#[test]
+fn a_model_file_that_does_not_match_its_checksum_is_refused() {
+    let dir = model_dir_copy("badsha", &["MANIFEST.sha256"]);
     let mut manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(repo().join("models/model.json")).unwrap()).unwrap();
     manifest["sha256"] = "0".repeat(64).into();
     std::fs::remove_file(dir.join("model.json")).unwrap();
     std::fs::write(dir.join("model.json"), manifest.to_string()).unwrap();
+    // Re-pinned in MANIFEST.sha256, so the check that fails is model.json's pin of the ONNX file.
+    assert!(tiergate::tier::manifest::record(&dir.join("model.json")).unwrap());
     let err = tiergate::tier::model::ModelAssets::load(&dir).err().expect("load must fail").to_string();
     assert!(err.contains("has sha256") && err.contains(&"0".repeat(64)), "{err}");
+}
+
+#[test]
+fn the_bundled_model_matches_its_manifest_and_one_changed_byte_is_refused() {
+    let bundled = tiergate::tier::model::ModelAssets::load(&repo().join("models")).unwrap();
+    assert_eq!(bundled.info.manifest_sha256.len(), 64);
+    for file in ["tokenizer.json", "calibration.json"] {
+        let dir = model_dir_copy(&format!("onebyte-{}", &file[..3]), &[file]);
+        let mut bytes = std::fs::read(dir.join(file)).unwrap();
+        // A digit of the temperature / of a token id: still valid JSON, a different model.
+        let at = bytes.iter().rposition(|b| b.is_ascii_digit()).unwrap();
+        bytes[at] = if bytes[at] == b'9' { b'8' } else { bytes[at] + 1 };
+        std::fs::write(dir.join(file), bytes).unwrap();
+        let err = tiergate::tier::model::ModelAssets::load(&dir).err().expect("load must fail").to_string();
+        let listed = std::fs::read_to_string(repo().join("models/MANIFEST.sha256")).unwrap();
+        let expected = listed.lines().find(|l| l.ends_with(file)).unwrap().split(' ').next().unwrap().to_string();
+        assert!(err.contains(file) && err.contains(&expected) && err.contains("has sha256"), "{err}");
+    }
+}
+
+#[test]
+fn a_model_file_the_manifest_does_not_list_is_refused() {
+    let dir = model_dir_copy("unlisted", &["MANIFEST.sha256"]);
+    let listed = std::fs::read_to_string(dir.join("MANIFEST.sha256")).unwrap();
+    let without: String = listed.lines().filter(|l| !l.ends_with("ood.json")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.join("MANIFEST.sha256"), without).unwrap();
+    let err = tiergate::tier::model::ModelAssets::load(&dir).err().expect("load must fail").to_string();
+    assert!(err.contains("ood.json") && err.contains("does not list"), "{err}");
 }
 
 #[test]
@@ -95,6 +134,31 @@ fn calibrate_refuses_to_write_a_temperature_from_one_label() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!out_file.exists(), "nothing written");
+}
+
+#[test]
+fn calibrate_write_updates_the_manifest_so_the_model_still_loads() {
+    let dir = model_dir_copy("calwrite", &["MANIFEST.sha256", "calibration.json"]);
+    let input = dir.join("rows.jsonl");
+    let rows = std::fs::read_to_string(repo().join("tests/data/val_sample.jsonl")).unwrap();
+    std::fs::write(&input, rows.lines().take(80).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let cal = dir.join("calibration.json");
+    let out = tiergate()
+        .args(["calibrate", "--force", "--input"])
+        .arg(&input)
+        .arg("--models")
+        .arg(&dir)
+        .arg("--write")
+        .arg(&cal)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("MANIFEST.sha256"), "{stdout}");
+    assert_ne!(std::fs::read(&cal).unwrap(), std::fs::read(repo().join("models/calibration.json")).unwrap());
+    let assets = tiergate::tier::model::ModelAssets::load(&dir).expect("the rewritten model loads");
+    let bundled = tiergate::tier::model::ModelAssets::load(&repo().join("models")).unwrap();
+    assert_ne!(assets.info.manifest_sha256, bundled.info.manifest_sha256);
 }
 
 #[test]

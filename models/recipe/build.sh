@@ -40,4 +40,7 @@ fi
 #    tests/data/ood_short.jsonl (the hand-written OOD check set) is an input, kept in the repo.
 "$PY" "$RECIPE/finalize.py" "$S/data" "$S/ckpt" "$MODELS" "$TESTDATA"
 "$PY" "$RECIPE/write_card.py" "$S/data" "$MODELS"
-echo "done: $(sha256sum "$MODELS/risk-minilm-l6-int8.onnx")"
+# 6. The manifest tiergate checks on every load: the sha256 of every file the loader reads
+#    (src/tier/manifest.rs; `sha256sum -c MANIFEST.sha256` in models/ checks it by hand).
+(cd "$MODELS" && sha256sum model.json risk-minilm-l6-int8.onnx tokenizer.json calibration.json ood.json > MANIFEST.sha256)
+echo "done: $(sha256sum "$MODELS/MANIFEST.sha256")"

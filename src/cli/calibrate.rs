@@ -200,6 +200,11 @@ fn write(s: &Scored, fitted: f64, bins: usize, input: &Path, path: &Path, force:
     std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
     println!("\nwrote T = {fitted:.4} to {}", path.display());
+    // The model directory's manifest pins this file: without the new digest the model would no
+    // longer load.
+    if tiergate::tier::manifest::record(path)? {
+        println!("updated its line in {}", path.with_file_name(tiergate::tier::manifest::MANIFEST).display());
+    }
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
-//! `/metrics` (on both listeners), and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
+//! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow), and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
 //! `Result`; the server turns errors into responses.
 
 use super::server::{App, Role};
@@ -37,11 +37,25 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
         authorize(req.headers(), token.as_deref())?;
         return admin(app, &path, &method).await;
     }
+    let views = match &app.role {
+        Role::Public { views, .. } => *views,
+        Role::Admin { .. } => unreachable!("the admin role returned above"),
+    };
     match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,
         ("/healthz", &Method::GET | &Method::HEAD) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        ("/readyz", &Method::GET | &Method::HEAD) => Ok(readyz(app)),
-        ("/metrics", &Method::GET) => Ok(metrics(app)),
+        ("/readyz", &Method::GET | &Method::HEAD) if views.readyz_details => Ok(readyz(app)),
+        // The status and its code are what probes need; the rest (thresholds, tier state) stays
+        // on the admin listener.
+        ("/readyz", &Method::GET | &Method::HEAD) => {
+            let full = readyz(app);
+            Ok(json_response(
+                full.status(),
+                &json!({"status": if full.status().is_success() { "ready" } else { "not_ready" }}),
+            ))
+        }
+        ("/metrics", &Method::GET) if views.metrics => Ok(metrics(app)),
+        ("/metrics", _) if !views.metrics => Err(ApiError::NotFound { path }),
         ("/v1/classify", _) => Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "POST" }),
         ("/healthz" | "/readyz" | "/metrics", _) => {
             Err(ApiError::MethodNotAllowed { method: method.to_string(), path, allowed: "GET, HEAD" })
@@ -56,6 +70,12 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     let bytes = web::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
     let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.limits)?;
     request.explain = request::explain_flag(parts.uri.query())?;
+    if request.explain && matches!(app.role, Role::Public { views, .. } if !views.explain) {
+        return Err(ApiError::invalid(
+            "explain",
+            "`explain=true` is served on the admin listener; set `[admin] public_explain = true` to allow it here",
+        ));
+    }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
     let decision = app.gateway.classify(request, request_id).await?;
     Ok(json_response(StatusCode::OK, &decision))
@@ -163,7 +183,7 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
         },
         "signals": snapshot,
     });
-    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
+    if let Role::Public { proxy: Some(proxy), .. } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
         body["routes"] = proxy.status();
     }
     json_response(if cpu_ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
@@ -193,7 +213,7 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
             }
         }
     }
-    if let Role::Public { proxy: Some(proxy) } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
+    if let Role::Public { proxy: Some(proxy), .. } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
         proxy.export(m);
     }
     let mut response = Response::new(Full::new(Bytes::from(g.metrics.encode())));

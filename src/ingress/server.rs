@@ -2,7 +2,7 @@
 //! framing checks, proxied routes or the endpoints under the whole-request timeout, graceful
 //! shutdown. [`handle`] is where every error becomes a response.
 
-use super::config::AdminConfig;
+use super::config::{AdminConfig, PublicViews};
 use super::endpoints;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
@@ -34,21 +34,28 @@ pub struct App {
 impl App {
     /// The public listener's app (the proxy's routes, then tiergate's own endpoints) and the
     /// admin listener's (`[admin]`), sharing the routes' app addresses and their state.
-    pub fn pair(gateway: Arc<Gateway>, server: &ServerConfig, admin: &AdminConfig, proxy: Option<Proxy>) -> (App, App) {
+    pub fn pair(
+        gateway: Arc<Gateway>,
+        server: &ServerConfig,
+        admin_config: &AdminConfig,
+        proxy: Option<Proxy>,
+    ) -> (App, App) {
         let proxy = proxy.map(Arc::new);
         let admin = App {
             gateway: Arc::clone(&gateway),
             limits: server.clone(),
-            role: Role::Admin { token: admin.token.clone(), proxy: proxy.clone() },
+            role: Role::Admin { token: admin_config.token.clone(), proxy: proxy.clone() },
         };
-        (App { gateway, limits: server.clone(), role: Role::Public { proxy } }, admin)
+        let views = admin_config.public_views();
+        (App { gateway, limits: server.clone(), role: Role::Public { proxy, views } }, admin)
     }
 }
 
 /// Which routes a listener serves. Admin routes are never served on the public listener.
 pub enum Role {
-    /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`, `/metrics`.
-    Public { proxy: Option<Arc<Proxy>> },
+    /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`
+    /// (its status only, unless `views`), `/metrics` (when `views` says so).
+    Public { proxy: Option<Arc<Proxy>>, views: PublicViews },
     /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and without one
     /// `POST /v1/classify` and the probes `/healthz`, `/readyz`, `/metrics`.
     Admin { token: Option<String>, proxy: Option<Arc<Proxy>> },
@@ -159,7 +166,7 @@ async fn handle(app: &App, req: Request<Incoming>) -> Response<BoxBody> {
 
 async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxBody>, ApiError> {
     check_framing(req.headers())?;
-    if let Role::Public { proxy: Some(proxy) } = &app.role {
+    if let Role::Public { proxy: Some(proxy), .. } = &app.role {
         crate::proxy::normalize::request(&mut req)?;
         if let Some(route) = proxy.route(&req) {
             return proxy.handle(&app.gateway, &app.limits, route, req).await;

@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod config;
 mod error;
 pub mod gpu;
+pub mod manifest;
 pub mod model;
 pub mod onnx;
 pub mod service;

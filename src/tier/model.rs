@@ -1,6 +1,7 @@
 //! The cpu tier's model: tokenizer + ONNX Runtime session + temperature + OOD scorer.
 //!
 //! Files in the model directory (written by `models/recipe`):
+//! - `MANIFEST.sha256`: the sha256 of every file below, checked on every load ([`super::manifest`]);
 //! - `model.json`: manifest (ONNX file name and its sha256, tokenizer, `max_seq_len`, labels,
 //!   input/output names);
 //! - the INT8 ONNX model: inputs `input_ids`, `attention_mask` (int64 `[batch, seq]`), outputs
@@ -11,6 +12,7 @@
 //!   split's distance to them.
 
 pub use super::config::Provider;
+use super::manifest;
 use super::windows::{encode, Encoded, TokenCounter, Windows};
 use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
@@ -20,7 +22,6 @@ use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 use ort::value::Tensor;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use tokenizers::{Encoding, Tokenizer};
 
@@ -88,7 +89,11 @@ fn ecdf(quantiles: &[f64], x: f64) -> f64 {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelInfo {
     pub name: String,
+    /// sha256 of the ONNX file (lower-case hex), as `model.json` pins it.
     pub sha256: String,
+    /// sha256 of `MANIFEST.sha256`, which pins every file the loader read (see
+    /// [`super::manifest`]): one digest for the whole model, temperature and tokenizer included.
+    pub manifest_sha256: String,
     pub max_seq_len: usize,
     pub temperature: f64,
     pub onnx_path: PathBuf,
@@ -126,8 +131,14 @@ impl From<&super::config::ModelConfig> for SessionOptions {
 }
 
 impl ModelAssets {
-    /// Reads the manifest, checks the ONNX file's sha256, loads tokenizer, calibration and OOD data.
+    /// Checks every file against `MANIFEST.sha256` (see [`super::manifest`]) and the ONNX file
+    /// against `model.json`'s sha256, then loads tokenizer, calibration and OOD data.
+    ///
+    /// Errors: a file missing, changed (named, with the expected and the actual digest) or
+    /// read by the loader but not listed in the manifest; a file that does not parse.
     pub fn load(dir: &Path) -> anyhow::Result<ModelAssets> {
+        let verified = manifest::verify(dir)?;
+        verified.require(dir, &["model.json"])?;
         let manifest_path = dir.join("model.json");
         let manifest: Manifest = serde_json::from_slice(
             &std::fs::read(&manifest_path).with_context(|| format!("reading {}", manifest_path.display()))?,
@@ -136,9 +147,9 @@ impl ModelAssets {
         if manifest.labels.len() != 2 {
             bail!("{}: expected 2 labels [ok, risk], got {:?}", manifest_path.display(), manifest.labels);
         }
+        verified.require(dir, &[&manifest.onnx, &manifest.tokenizer, "calibration.json", "ood.json"])?;
         let onnx_path = dir.join(&manifest.onnx);
-        let bytes = std::fs::read(&onnx_path).with_context(|| format!("reading model {}", onnx_path.display()))?;
-        let actual = format!("{:x}", Sha256::digest(&bytes));
+        let actual = verified.files[&manifest.onnx].clone();
         if !actual.eq_ignore_ascii_case(&manifest.sha256) {
             bail!(
                 "model file {} has sha256 {actual}, but {} expects {}: the file is corrupt or not the one the manifest describes",
@@ -178,6 +189,7 @@ impl ModelAssets {
             info: ModelInfo {
                 name: manifest.name,
                 sha256: actual,
+                manifest_sha256: verified.manifest_sha256,
                 max_seq_len: manifest.max_seq_len,
                 temperature: calibration.temperature,
                 onnx_path,

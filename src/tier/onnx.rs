@@ -99,7 +99,7 @@ impl OnnxPool {
                 worker(classifier, rx, batching, in_flight, service)
             })?;
         }
-        tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, temperature = assets.info.temperature,
+        tracing::info!(pool = name, model = %assets.info.name, sha256 = %assets.info.sha256, manifest_sha256 = %assets.info.manifest_sha256, temperature = assets.info.temperature,
             provider = ?config.provider, sessions = config.sessions, intra_threads = config.intra_threads, "onnx pool ready");
         let counter = assets.token_counter();
         Ok(OnnxPool {

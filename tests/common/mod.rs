@@ -28,6 +28,12 @@ pub fn config(policies: &Path) -> Config {
     c.server.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     c.model.dir = repo().join("models");
     c.policies.dir = policies.to_path_buf();
+    // Most tests read metrics, readiness details and explanations from the one listener they
+    // start; the defaults (all on the admin listener only) are tested in classify.rs
+    // (`the_public_listener_serves_no_evasion_oracle`).
+    c.admin.public_metrics = true;
+    c.admin.public_readyz_details = true;
+    c.admin.public_explain = true;
     c
 }
 

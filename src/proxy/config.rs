@@ -207,6 +207,11 @@ pub struct StreamGuardConfig {
     /// The rules see at most this many trailing bytes of the generated text.
     #[serde(default = "default_window")]
     pub window_bytes: usize,
+    /// Most bytes held back before an evaluation is forced (as when `buffer_ms` is up), so a
+    /// fast app cannot make the guard buffer without bound within `buffer_ms`; an incomplete
+    /// SSE event is held whole up to 64 KiB besides.
+    #[serde(default = "default_max_held")]
+    pub max_held_bytes: usize,
 }
 
 fn yes() -> bool {
@@ -220,4 +225,7 @@ fn default_cut_on() -> Vec<Action> {
 }
 fn default_window() -> usize {
     4096
+}
+fn default_max_held() -> usize {
+    64 * 1024
 }

@@ -166,8 +166,15 @@ impl Guard {
                             let sentence_ended = self.take_text(&data);
                             self.held_len += data.len();
                             self.held.push_back((data, Instant::now()));
-                            if sentence_ended && !self.evaluate_and_release(Release::Sentence).await {
-                                return;
+                            let release = match () {
+                                _ if self.held_len > self.config.max_held_bytes => Some(Release::Timer),
+                                _ if sentence_ended => Some(Release::Sentence),
+                                _ => None,
+                            };
+                            if let Some(how) = release {
+                                if !self.evaluate_and_release(how).await {
+                                    return;
+                                }
                             }
                         }
                         Err(trailers) => {

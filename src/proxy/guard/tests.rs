@@ -53,7 +53,7 @@ fn policy() -> Arc<Policy> {
 }
 
 fn config(buffer_ms: u64, window_bytes: usize) -> StreamGuardConfig {
-    StreamGuardConfig { enabled: true, buffer_ms, cut_on: vec![Action::Block], window_bytes }
+    StreamGuardConfig { enabled: true, buffer_ms, cut_on: vec![Action::Block], window_bytes, max_held_bytes: 64 * 1024 }
 }
 
 fn delta(text: &str) -> String {
@@ -202,7 +202,10 @@ async fn the_timer_releases_text_without_a_sentence_end_but_not_half_an_event() 
 async fn an_event_without_end_is_not_held_for_the_whole_stream() {
     let endless = format!("data: {}", "x".repeat(MAX_PARTIAL_EVENT + 1));
     let frames = guard(true, config(100, 4096), vec![endless.into(), b"\n\n".to_vec()], Duration::from_secs(5)).await;
-    assert_eq!(frames[0].1, 100, "released by the timer, not at the end of the stream");
+    assert!(
+        frames[0].1 <= 100,
+        "released (over max_held_bytes, or by the timer), not at the end of the stream: {frames:?}"
+    );
     assert_eq!(joined(&frames).len(), MAX_PARTIAL_EVENT + 9);
 }
 
@@ -226,4 +229,19 @@ async fn the_app_stream_is_dropped_when_the_client_leaves() {
     drop(client);
     // The app sends nothing more; its stream must still be let go.
     tokio::time::timeout(Duration::from_secs(1), app.closed()).await.expect("the guard dropped the app's body");
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_bytes_are_bounded_whatever_buffer_ms_says() {
+    // No sentence end and a long buffer_ms: only the byte bound can release these.
+    let piece = "word ".repeat(200);
+    let mut bounded = config(60_000, 4096);
+    bounded.max_held_bytes = 2048;
+    let frames = guard(false, bounded, vec![piece.clone().into(); 10], Duration::from_millis(10)).await;
+    let before_end: usize = frames.iter().filter(|(_, at)| *at < 90).map(|(b, _)| b.len()).sum();
+    assert!(
+        before_end >= 8 * 1000,
+        "released as the bound was passed, not at the end: {before_end} bytes before 90 ms"
+    );
+    assert_eq!(joined(&frames), piece.repeat(10), "nothing lost or changed");
 }

@@ -83,8 +83,8 @@ pub struct RouteConfig {
     /// Longest silence inside a streamed response body, ms; the body ends with an error after.
     #[serde(default = "default_body_idle_timeout_ms")]
     pub body_idle_timeout_ms: u64,
-    /// Extra attempts on another address, only for idempotent requests that never reached an app
-    /// (connect failures) and whose body can be sent again.
+    /// Extra attempts on another address, only for requests that never reached an app (the
+    /// connection could not be opened: any method) and whose body can be sent again.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Screen requests before forwarding; absent: pass straight through.

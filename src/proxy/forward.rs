@@ -1,5 +1,5 @@
 //! Forwarding phase: the request to one of the route's app addresses (P2C over peak EWMA,
-//! connect failures of replayable idempotent requests retried on another), timeouts on the
+//! connect failures of requests whose body is held whole retried on another), timeouts on the
 //! response head (from the end of the upload) and on idle bodies, and the response back.
 //! Failures are `ApiError`s (502, 504, or the client's own 400), never the app's details.
 
@@ -50,10 +50,6 @@ impl Proxy {
             Outgoing::Stream(b) if http_body::Body::is_end_stream(b) => Some(Bytes::new()),
             _ => None,
         };
-        let idempotent = matches!(
-            parts.method,
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
-        );
         let mut body = Some(outgoing_body(body));
         let (mut tried, mut attempt) = (None, 0);
         loop {
@@ -88,7 +84,9 @@ impl Proxy {
                 Attempt::Failed(e) => {
                     pick.record(false);
                     let reason = error_chain(&e);
-                    if e.is_connect() && idempotent && replayable.is_some() && attempt < route.retries {
+                    // A connect failure means no byte of the request was sent, so any method may
+                    // go to another address (nginx's `proxy_next_upstream error` does the same).
+                    if e.is_connect() && replayable.is_some() && attempt < route.retries {
                         tracing::debug!(route = %route.name, app = %pick.url(), error = %reason, "connect failed; retrying on another address");
                         attempt += 1;
                         continue;

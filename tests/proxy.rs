@@ -797,6 +797,7 @@ async fn requests_over_the_servers_concurrency_cap_are_shed_at_once() {
     assert!(started.elapsed() < Duration::from_millis(500), "shed at once, not queued: {:?}", started.elapsed());
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&reply.headers, "retry-after"), "1");
+    assert_eq!(header(&reply.headers, "connection"), "close", "the unread body ends the connection");
     assert_eq!(reply.json()["error"]["code"], "overloaded");
     assert!(
         reply.json()["error"]["message"].as_str().unwrap().contains("max_concurrent_requests"),

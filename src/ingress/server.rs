@@ -144,12 +144,15 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     Ok(())
 }
 
-/// The answer to a request over `[server] max_concurrent_requests`: 503 at once, counted in
-/// `tiergate_responses_total{status="503"}`.
+/// The answer to a request over `[server] max_concurrent_requests`: 503 at once with
+/// `Connection: close`, counted in `tiergate_responses_total{status="503"}`.
 fn at_capacity(app: &App) -> Response<BoxBody> {
     let limit = app.limits.max_concurrent_requests;
     let reason = format!("the server is handling its maximum of {limit} requests at once (max_concurrent_requests)");
-    let response = boxed(ApiError::Shed { reason, retry_after_s: 1 }.into_response());
+    let mut response = boxed(ApiError::Shed { reason, retry_after_s: 1 }.into_response());
+    // The request's body is never read, so the connection cannot carry another request: say so,
+    // or a keep-alive client would write its next request into a connection being closed.
+    response.headers_mut().insert(header::CONNECTION, http::HeaderValue::from_static("close"));
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
 }

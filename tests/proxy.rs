@@ -139,6 +139,12 @@ fn setup() -> &'static Setup {
             response_header_timeout_ms = 300
 
             [[routes]]
+            name = "whole"
+            path_prefix = "/echo/whole"
+            upstream = ["{app}"]
+            request_timeout_ms = 600
+
+            [[routes]]
             name = "app"
             upstream = ["{app}"]
             "#,
@@ -740,6 +746,26 @@ async fn a_client_breaking_its_own_upload_is_not_the_apps_failure() {
     assert_eq!(&head, b"HTTP/1.1 200", "{:?}", String::from_utf8_lossy(&head));
     let seen = s.app.requests().into_iter().find(|r| r.uri == "/echo/upload-slow").unwrap();
     assert_eq!(seen.body, Bytes::from("slow but steady upload"));
+
+    // An upload that never goes quiet for the body idle timeout but never ends either: the
+    // route's request_timeout_ms (600 ms) ends it with 408.
+    let stream = tokio::net::TcpStream::connect(s.proxy).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    write.write_all(b"POST /echo/whole HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
+    let started = Instant::now();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if write.write_all(b"1\r\nx\r\n").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), read.read_exact(&mut head)).await.expect("answered in time").unwrap();
+    assert_eq!(&head, b"HTTP/1.1 408", "{:?}", String::from_utf8_lossy(&head));
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    trickle.abort();
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
-//! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow), and on the admin listener `/admin/policy` and `/admin/reload`. Handlers return
-//! `Result`; the server turns errors into responses.
+//! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow), and
+//! on the admin listener `/admin/policy` and `/admin/reload`. Handlers return `Result`; the
+//! server turns errors into responses.
 
 use super::server::{App, Role};
 use crate::error::{json_response, ApiError};
@@ -21,25 +22,24 @@ use subtle::ConstantTimeEq;
 pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    if let Role::Admin { token, .. } = &app.role {
-        // Probes, scrapes and classification need no token: they change nothing, and
-        // kubelet/Prometheus carry none. `/v1/classify` is here so that it stays reachable when a
-        // catch-all proxy route takes every public path.
-        match (path.as_str(), &method) {
-            ("/v1/classify", &Method::POST) => return classify(app, req).await,
-            ("/healthz", &Method::GET | &Method::HEAD) => {
-                return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
-            }
-            ("/readyz", &Method::GET | &Method::HEAD) => return Ok(readyz(app)),
-            ("/metrics", &Method::GET) => return Ok(metrics(app)),
-            _ => {}
-        }
-        authorize(req.headers(), token.as_deref())?;
-        return admin(app, &path, &method).await;
-    }
     let views = match &app.role {
         Role::Public { views, .. } => *views,
-        Role::Admin { .. } => unreachable!("the admin role returned above"),
+        Role::Admin { token, .. } => {
+            // Probes, scrapes and classification need no token: they change nothing, and
+            // kubelet/Prometheus carry none. `/v1/classify` is here so that it stays reachable
+            // when a catch-all proxy route takes every public path.
+            match (path.as_str(), &method) {
+                ("/v1/classify", &Method::POST) => return classify(app, req).await,
+                ("/healthz", &Method::GET | &Method::HEAD) => {
+                    return Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+                }
+                ("/readyz", &Method::GET | &Method::HEAD) => return Ok(readyz(app)),
+                ("/metrics", &Method::GET) => return Ok(metrics(app)),
+                _ => {}
+            }
+            authorize(req.headers(), token.as_deref())?;
+            return admin(app, &path, &method).await;
+        }
     };
     match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,

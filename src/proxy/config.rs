@@ -80,6 +80,11 @@ pub struct RouteConfig {
     /// Time from sending the request until the app's response head arrives, ms (504 after).
     #[serde(default = "default_response_header_timeout_ms")]
     pub response_header_timeout_ms: u64,
+    /// Longest time from the request's arrival until the app's response head is back, ms:
+    /// screening, the upload (however steadily it trickles) and the app's wait together; 408
+    /// `request_timeout` after. The response body is bounded by `body_idle_timeout_ms` instead.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
     /// Longest silence inside a streamed response body, ms; the body ends with an error after.
     #[serde(default = "default_body_idle_timeout_ms")]
     pub body_idle_timeout_ms: u64,
@@ -100,6 +105,9 @@ fn default_host_header() -> String {
 }
 fn default_response_header_timeout_ms() -> u64 {
     30_000
+}
+fn default_request_timeout_ms() -> u64 {
+    300_000
 }
 fn default_body_idle_timeout_ms() -> u64 {
     60_000

@@ -120,9 +120,28 @@ impl Proxy {
             .into()
     }
 
-    /// Screens (when the route says so) and forwards one request. Every outcome is counted in
+    /// Screens (when the route says so) and forwards one request, within the route's
+    /// `request_timeout_ms` until the response head (408 after). Every outcome is counted in
     /// `tiergate_proxy_requests_total{route, outcome}`; errors are the caller's to answer.
     pub async fn handle(
+        &self,
+        gateway: &Gateway,
+        limits: &ServerConfig,
+        route: &Route,
+        req: Request<Incoming>,
+    ) -> Result<Response<BoxBody>, ApiError> {
+        match tokio::time::timeout(route.request_timeout, self.screen_and_forward(gateway, limits, route, req)).await {
+            Ok(result) => result,
+            Err(_) => {
+                count(gateway, &route.name, "request_timeout");
+                let timeout_ms = route.request_timeout.as_millis() as u64;
+                tracing::warn!(route = %route.name, timeout_ms, "request not done within the route's request_timeout_ms");
+                Err(ApiError::Timeout { timeout_ms })
+            }
+        }
+    }
+
+    async fn screen_and_forward(
         &self,
         gateway: &Gateway,
         limits: &ServerConfig,

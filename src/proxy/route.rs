@@ -33,9 +33,11 @@ impl HostHeader {
 
 /// Timeouts, the HTTP/2 `Host` rule and the stream guard's settings.
 fn check_limits(c: &RouteConfig) -> Result<(), String> {
-    for (field, v) in
-        [("response_header_timeout_ms", c.response_header_timeout_ms), ("body_idle_timeout_ms", c.body_idle_timeout_ms)]
-    {
+    for (field, v) in [
+        ("request_timeout_ms", c.request_timeout_ms),
+        ("response_header_timeout_ms", c.response_header_timeout_ms),
+        ("body_idle_timeout_ms", c.body_idle_timeout_ms),
+    ] {
         if v == 0 {
             return Err(format!("`{field}` must be at least 1"));
         }
@@ -73,6 +75,7 @@ pub struct Route {
     pub(super) balancer: Balancer,
     pub(super) http2: bool,
     pub(super) host_header: HostHeader,
+    pub(super) request_timeout: Duration,
     pub(super) response_header_timeout: Duration,
     pub(super) body_idle_timeout: Duration,
     pub(super) retries: u32,
@@ -145,6 +148,7 @@ impl Route {
             balancer,
             http2: c.http2,
             host_header,
+            request_timeout: Duration::from_millis(c.request_timeout_ms),
             response_header_timeout: Duration::from_millis(c.response_header_timeout_ms),
             body_idle_timeout: Duration::from_millis(c.body_idle_timeout_ms),
             retries: c.retries,

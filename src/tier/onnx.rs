@@ -249,6 +249,7 @@ fn worker(
         let mut encodings = Vec::with_capacity(live.len());
         for mut job in live {
             if let Some(lang) = &job.prepared.lang {
+                // Detected here, on the worker thread, so the request task only reads it.
                 lang.get();
             }
             match job.prepared.encoded.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {

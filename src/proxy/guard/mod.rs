@@ -166,10 +166,12 @@ impl Guard {
                             let sentence_ended = self.take_text(&data);
                             self.held_len += data.len();
                             self.held.push_back((data, Instant::now()));
-                            let release = match () {
-                                _ if self.held_len > self.config.max_held_bytes => Some(Release::Timer),
-                                _ if sentence_ended => Some(Release::Sentence),
-                                _ => None,
+                            let release = if self.held_len > self.config.max_held_bytes {
+                                Some(Release::Timer)
+                            } else if sentence_ended {
+                                Some(Release::Sentence)
+                            } else {
+                                None
                             };
                             if let Some(how) = release {
                                 if !self.evaluate_and_release(how).await {

@@ -9,6 +9,7 @@ use crate::metrics::KindLabels;
 use crate::policy::{Policy, PolicyStore};
 use crate::request::ClassifyRequest;
 use crate::select::SignalsSnapshot;
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 pub struct Shadow {
@@ -93,10 +94,34 @@ impl Shadow {
                               "tier": candidate.tier, "rule": candidate.rule, "risk_score": candidate.risk_score,
                               "path": candidate.path},
             });
-            if log.try_send(line.to_string()).is_err() {
-                g.metrics.shadow_log_dropped.inc();
-            }
+            enqueue(log, line.to_string(), &g.metrics.shadow_log_dropped);
         }
         Some(candidate)
+    }
+}
+
+/// Queues a line for the log writer, or drops and counts it when [`LOG_QUEUE_LINES`] are
+/// already waiting (a slow disk never holds up a request or grows memory).
+fn enqueue(log: &tokio::sync::mpsc::Sender<String>, line: String, dropped: &Counter) {
+    if log.try_send(line).is_err() {
+        dropped.inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_log_queue_drops_and_counts_instead_of_growing() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
+        let dropped = Counter::default();
+        for i in 0..LOG_QUEUE_LINES + 10 {
+            enqueue(&tx, format!("line {i}"), &dropped);
+        }
+        assert_eq!(dropped.get(), 10, "the writer is stalled: lines past the queue are dropped, counted");
+        assert_eq!(rx.try_recv().unwrap(), "line 0", "the queued lines are the oldest, in order");
+        enqueue(&tx, "after".into(), &dropped);
+        assert_eq!(dropped.get(), 10, "room again once the writer takes a line");
     }
 }

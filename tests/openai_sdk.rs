@@ -10,8 +10,7 @@ mod common;
 
 use common::app;
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 const OPENAI: &str = "openai==3.57.0";
 
@@ -36,15 +35,6 @@ for chunk in stream:
 print(json.dumps({"text": text, "finish_reason": finish, "tiergate": decision, "ids": sorted(ids)}))
 "#;
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Runs [`CLIENT`] against `base_url` with the app replying `reply` (pieces split by `|`).
 fn sdk_stream(site: &std::path::Path, base_url: &str, reply: &str) -> Value {
     let out = Command::new(common::python::python())
@@ -63,24 +53,8 @@ fn sdk_stream(site: &std::path::Path, base_url: &str, reply: &str) -> Value {
 fn the_openai_sdk_reads_a_cut_stream_as_an_ordinary_content_filter_end() {
     let site = common::python::install("openai", &[OPENAI], true);
     let app = app::start();
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (public, admin) = (free(), free());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["serve", "--config", "config/sidecar.example.toml"])
-        .current_dir(common::repo())
-        .env("APP_UPSTREAM", app.url())
-        .env("TIERGATE_LISTEN", public.to_string())
-        .env("TIERGATE_ADMIN_LISTEN", admin.to_string())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _child = KillOnDrop(child);
-    let up = Instant::now();
-    while std::net::TcpStream::connect(admin).is_err() {
-        assert!(up.elapsed() < Duration::from_secs(30), "tiergate did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let base_url = format!("http://{public}/v1");
+    let sidecar = common::Sidecar::start(&app.url());
+    let base_url = format!("http://{}/v1", sidecar.public);
 
     let benign = "The weather is mild today.| Expect light wind.| Enjoy the afternoon!";
     let seen = sdk_stream(&site, &base_url, benign);

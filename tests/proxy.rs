@@ -569,24 +569,9 @@ async fn hostile_requests_are_refused_without_disturbing_others() {
 #[test]
 fn the_sidecar_example_config_serves_and_drains_on_sigterm() {
     let app = app::start();
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (public, admin) = (free(), free());
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["serve", "--config", "config/sidecar.example.toml"])
-        .current_dir(common::repo())
-        .env("APP_UPSTREAM", app.url())
-        .env("TIERGATE_LISTEN", public.to_string())
-        .env("TIERGATE_ADMIN_LISTEN", admin.to_string())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
+    let mut sidecar = common::Sidecar::start(&app.url());
+    let (public, admin) = (sidecar.public, sidecar.admin);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let up = Instant::now();
-    while rt.block_on(async { tokio::net::TcpStream::connect(admin).await }).is_err() {
-        assert!(up.elapsed() < Duration::from_secs(30), "sidecar did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     rt.block_on(async {
         let reply = post_json(public, "/v1/chat/completions", chat(BENIGN), &[]).await;
         assert_eq!(reply.status, StatusCode::OK);
@@ -634,23 +619,14 @@ fn the_sidecar_example_config_serves_and_drains_on_sigterm() {
 
         let slow = tokio::spawn(async move { common::send(public, "GET", "/slow?ms=1500", &[], "").await });
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let status = std::process::Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
+        let status =
+            std::process::Command::new("kill").args(["-TERM", &sidecar.child.id().to_string()]).status().unwrap();
         assert!(status.success());
         let reply = slow.await.unwrap();
         assert_eq!((reply.status, &reply.body[..]), (StatusCode::OK, &b"slow"[..]), "in-flight request drained");
     });
-    let exit = child.0.wait().unwrap();
+    let exit = sidecar.child.wait().unwrap();
     assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
-}
-
-/// Kills the child process when a test ends, also when it fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]

@@ -106,12 +106,12 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     tower::service_fn(move |mut req: Request<Incoming>| {
                         req.extensions_mut().insert(PeerAddr(peer));
                         let app = Arc::clone(&app);
-                        let permit = Arc::clone(&requests).try_acquire_owned();
+                        // Held until the response head is out; none left: shed at once.
+                        let permit = Arc::clone(&requests).try_acquire_owned().ok();
                         async move {
-                            let Ok(_permit) = permit else {
-                                return Ok::<_, Infallible>(at_capacity(&app));
-                            };
-                            Ok(handle(&app, req).await)
+                            let response = handle(&app, req, permit.is_some()).await;
+                            drop(permit);
+                            Ok::<_, Infallible>(response)
                         }
                     })
                 };
@@ -145,7 +145,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
 }
 
 /// The answer to a request over `[server] max_concurrent_requests`: 503 at once with
-/// `Connection: close`, counted in `tiergate_responses_total{status="503"}`.
+/// `Connection: close`.
 fn at_capacity(app: &App) -> Response<BoxBody> {
     let limit = app.limits.max_concurrent_requests;
     let reason = format!("the server is handling its maximum of {limit} requests at once (max_concurrent_requests)");
@@ -153,16 +153,16 @@ fn at_capacity(app: &App) -> Response<BoxBody> {
     // The request's body is never read, so the connection cannot carry another request: say so,
     // or a keep-alive client would write its next request into a connection being closed.
     response.headers_mut().insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-    app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
 }
 
 /// Refuses ambiguous framing, then hands the request to its proxy route (which applies the
 /// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
-/// bounds slow-body clients). The one place the public and admin listeners turn errors into
-/// responses.
-async fn handle(app: &App, req: Request<Incoming>) -> Response<BoxBody> {
-    let response = dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response()));
+/// bounds slow-body clients); a request not `admitted` under `max_concurrent_requests` is shed.
+/// The one place the public and admin listeners turn errors into responses, and count them.
+async fn handle(app: &App, req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
+    let response =
+        if admitted { dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response())) } else { at_capacity(app) };
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
 }

@@ -130,38 +130,28 @@ impl Proxy {
         route: &Route,
         req: Request<Incoming>,
     ) -> Result<Response<BoxBody>, ApiError> {
-        match tokio::time::timeout(route.request_timeout, self.screen_and_forward(gateway, limits, route, req)).await {
-            Ok(result) => result,
-            Err(_) => {
-                count(gateway, &route.name, "request_timeout");
-                let timeout_ms = route.request_timeout.as_millis() as u64;
-                tracing::warn!(route = %route.name, timeout_ms, "request not done within the route's request_timeout_ms");
-                Err(ApiError::Timeout { timeout_ms })
+        let work = async {
+            if route.refuse {
+                count(gateway, &route.name, "refused");
+                let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+                tracing::info!(route = %route.name, %method, %path, "refused: the path is not screened");
+                return Err(ApiError::Unscreened { route: route.name.clone(), method, path });
             }
-        }
-    }
-
-    async fn screen_and_forward(
-        &self,
-        gateway: &Gateway,
-        limits: &ServerConfig,
-        route: &Route,
-        req: Request<Incoming>,
-    ) -> Result<Response<BoxBody>, ApiError> {
-        if route.refuse {
-            count(gateway, &route.name, "refused");
-            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
-            tracing::info!(route = %route.name, %method, %path, "refused: the path is not screened");
-            return Err(ApiError::Unscreened { route: route.name.clone(), method, path });
-        }
-        let (parts, body) = req.into_parts();
-        let Some(screen) = &route.screen else {
-            return self.forward(gateway, route, parts, Outgoing::Stream(body), None).await;
+            let (parts, body) = req.into_parts();
+            let Some(screen) = &route.screen else {
+                return self.forward(gateway, route, parts, Outgoing::Stream(body), None).await;
+            };
+            let request_id = headers::header_str(&parts.headers, names::REQUEST_ID).unwrap_or_default().to_string();
+            let (outcome, outgoing) = screen::screen(gateway, limits, screen, &parts, body, request_id).await;
+            let screening = decide(gateway, &route.name, screen, outcome, matches!(outgoing, Outgoing::Broken))?;
+            self.forward(gateway, route, parts, outgoing, Some(&screening)).await
         };
-        let request_id = headers::header_str(&parts.headers, names::REQUEST_ID).unwrap_or_default().to_string();
-        let (outcome, outgoing) = screen::screen(gateway, limits, screen, &parts, body, request_id).await;
-        let screening = decide(gateway, &route.name, screen, outcome, matches!(outgoing, Outgoing::Broken))?;
-        self.forward(gateway, route, parts, outgoing, Some(&screening)).await
+        tokio::time::timeout(route.request_timeout, work).await.unwrap_or_else(|_| {
+            count(gateway, &route.name, "request_timeout");
+            let timeout_ms = route.request_timeout.as_millis() as u64;
+            tracing::warn!(route = %route.name, timeout_ms, "request not done within the route's request_timeout_ms");
+            Err(ApiError::Timeout { timeout_ms })
+        })
     }
 }
 

@@ -217,3 +217,42 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
     panic!("timed out waiting for {what}");
 }
+
+/// The real tiergate binary serving `config/sidecar.example.toml` in front of `app_url`, on
+/// free loopback ports; killed on drop (also when a test fails).
+pub struct Sidecar {
+    pub child: std::process::Child,
+    pub public: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Sidecar {
+    /// Starts it and waits (at most 30 s) until the admin listener accepts.
+    pub fn start(app_url: &str) -> Sidecar {
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (public, admin) = (free(), free());
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+            .args(["serve", "--config", "config/sidecar.example.toml"])
+            .current_dir(repo())
+            .env("APP_UPSTREAM", app_url)
+            .env("TIERGATE_LISTEN", public.to_string())
+            .env("TIERGATE_ADMIN_LISTEN", admin.to_string())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the tiergate binary starts");
+        let sidecar = Sidecar { child, public, admin };
+        let up = std::time::Instant::now();
+        while std::net::TcpStream::connect(admin).is_err() {
+            assert!(up.elapsed() < std::time::Duration::from_secs(30), "the sidecar did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        sidecar
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -26,6 +26,8 @@ pub mod request;
 pub mod rules;
 pub mod select;
 pub mod signals;
+#[cfg(test)]
+mod test_support;
 pub mod text;
 pub mod tier;
 pub mod web;

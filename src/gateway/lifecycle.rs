@@ -152,21 +152,61 @@ impl Gateway {
     }
 }
 
-/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory.
+/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory. The sweep walks every
+/// tenant's limiter state, so the whole chore runs on the blocking pool, never on a runtime
+/// thread that serves requests; it ends once the gateway is gone.
 async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
+    every_off_runtime(every, move || {
+        let Some(g) = gateway.upgrade() else { return false };
+        if let Some(gpu) = &g.gpu {
+            gpu.latency.refresh();
+        }
+        if let Some(tenants) = &g.tenants {
+            tenants.retain_recent();
+        }
+        true
+    })
+    .await
+}
+
+/// Runs the blocking `chore` on tokio's blocking pool every `every` (missed ticks delayed) until
+/// it returns `false` or panics.
+async fn every_off_runtime(every: Duration, chore: impl Fn() -> bool + Send + Sync + 'static) {
+    let chore = Arc::new(chore);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(g) = gateway.upgrade() else { return };
-        if let Some(gpu) = &g.gpu {
-            gpu.latency.refresh();
+        let chore = Arc::clone(&chore);
+        if !tokio::task::spawn_blocking(move || chore()).await.unwrap_or(false) {
+            return;
         }
-        if g.tenants.is_some() {
-            // The sweep walks every tenant's limiter state: on the blocking pool, not on a
-            // runtime thread that serves requests.
-            let g = Arc::clone(&g);
-            let _ = tokio::task::spawn_blocking(move || g.tenants.as_ref().map(|t| t.retain_recent())).await;
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::every_off_runtime;
+    use std::time::Duration;
+
+    #[test]
+    fn the_periodic_chore_runs_off_the_runtime_thread() {
+        // A chore that blocks until a task on the same single-threaded runtime has run: were it
+        // run on the runtime thread, that task could never run and the runtime would hang.
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<()>();
+        let ran_rx = std::sync::Mutex::new(ran_rx);
+        let outcome = crate::test_support::on_current_thread_runtime(async move {
+            let waker = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                ran_tx.send(()).unwrap();
+            });
+            every_off_runtime(Duration::from_millis(1), move || {
+                ran_rx.lock().unwrap().recv().unwrap();
+                false
+            })
+            .await;
+            waker.await.unwrap();
+        });
+        assert!(outcome.is_ok(), "the chore blocked the runtime thread");
     }
 }

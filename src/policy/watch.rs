@@ -34,12 +34,23 @@ pub fn watch(
     poll: Duration,
     reload: impl Fn() + Send + Sync + 'static,
 ) -> notify::Result<Watch> {
+    watch_with(dir, debounce, poll, reload, fingerprint)
+}
+
+/// [`watch`] with the fingerprint function as a parameter, so tests can see where it runs.
+fn watch_with(
+    dir: &Path,
+    debounce: Duration,
+    poll: Duration,
+    reload: impl Fn() + Send + Sync + 'static,
+    fingerprint: fn(&Path) -> Fingerprint,
+) -> notify::Result<Watch> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let dir = dir.to_path_buf();
     let mut watcher = Some(arm(&dir, tx.clone())?);
     let reload = std::sync::Arc::new(reload);
     let task = tokio::spawn(async move {
-        let mut last = fingerprint_off_runtime(&dir).await;
+        let mut last = fingerprint_off_runtime(&dir, fingerprint).await;
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -52,7 +63,7 @@ pub fn watch(
                     while let Ok(Some(())) = tokio::time::timeout(debounce, rx.recv()).await {}
                 }
                 _ = tick.tick() => {
-                    let now = fingerprint_off_runtime(&dir).await;
+                    let now = fingerprint_off_runtime(&dir, fingerprint).await;
                     if now == last {
                         continue;
                     }
@@ -62,7 +73,7 @@ pub fn watch(
                     }
                 }
             }
-            last = fingerprint_off_runtime(&dir).await;
+            last = fingerprint_off_runtime(&dir, fingerprint).await;
             let reload = std::sync::Arc::clone(&reload);
             let _ = tokio::task::spawn_blocking(move || reload()).await;
             let _ = &watcher; // kept alive by the task
@@ -92,7 +103,7 @@ struct Fingerprint {
 
 /// [`fingerprint`] on tokio's blocking pool: it stats every policy file, and a slow or hung
 /// filesystem must not stall a runtime thread that serves requests. `None` if the task failed.
-async fn fingerprint_off_runtime(dir: &Path) -> Option<Fingerprint> {
+async fn fingerprint_off_runtime(dir: &Path, fingerprint: fn(&Path) -> Fingerprint) -> Option<Fingerprint> {
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || fingerprint(&dir)).await.ok()
 }
@@ -138,5 +149,39 @@ mod tests {
         std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
         assert_ne!(fingerprint(&dir), before);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The fingerprint of [`watch_once_blocked`]'s runs waits for this signal the first time.
+    static GATE: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>> = std::sync::Mutex::new(None);
+
+    fn fingerprint_after_gate(dir: &Path) -> Fingerprint {
+        if let Some(gate) = GATE.lock().unwrap().take() {
+            gate.recv().unwrap();
+        }
+        fingerprint(dir)
+    }
+
+    #[test]
+    fn the_fingerprint_poll_runs_off_the_runtime_thread() {
+        // Its first run blocks until a task on the same single-threaded runtime has run: run on
+        // the runtime thread, it would wait forever and the reload below would never come.
+        let dir = std::env::temp_dir().join(format!("tiergate-watch-offload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel();
+        *GATE.lock().unwrap() = Some(gate_rx);
+        let watched = dir.clone();
+        let outcome = crate::test_support::on_current_thread_runtime(async move {
+            let (reloaded_tx, mut reloaded) = mpsc::unbounded_channel();
+            let ms = Duration::from_millis(10);
+            let _watch =
+                watch_with(&watched, ms, ms, move || drop(reloaded_tx.send(())), fingerprint_after_gate).unwrap();
+            tokio::spawn(async move { gate_tx.send(()).unwrap() });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            std::fs::write(watched.join("rules.toml"), "a = 1\n").unwrap();
+            reloaded.recv().await.unwrap();
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(outcome.is_ok(), "the fingerprint poll blocked the runtime thread");
     }
 }

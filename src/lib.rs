@@ -18,6 +18,7 @@ pub mod decision;
 pub mod error;
 pub mod gateway;
 pub mod ingress;
+pub mod malloc;
 pub mod metrics;
 pub mod ort_lib;
 pub mod policy;

@@ -111,6 +111,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    tiergate::malloc::bound_arenas();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

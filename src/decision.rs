@@ -107,8 +107,8 @@ pub struct Decision {
     pub subject: Subject,
 }
 
-/// The request a decision was made on, as the audit trail records it beside the decision
-/// (`crate::audit`). Cheap to clone: the text is shared.
+/// The request a decision was made on, as the audit trail records it beside the decision.
+/// Cheap to clone: the text is shared.
 #[derive(Debug, Clone, Default)]
 pub struct Subject {
     /// The text as the client sent it (not the canonical text the models read).

@@ -32,7 +32,11 @@ fn records(dir: &Path, request_id: &str) -> Vec<AuditRecord> {
     let conn = Store::open_read_only(dir).unwrap();
     let mut out = Vec::new();
     let filter = Filter { request_id: Some(request_id.into()), ..Filter::default() };
-    query::for_each(&conn, &filter, |json| Ok(out.push(serde_json::from_str(json)?))).unwrap();
+    query::for_each(&conn, &filter, |json| {
+        out.push(serde_json::from_str(json)?);
+        Ok(())
+    })
+    .unwrap();
     out
 }
 

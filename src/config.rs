@@ -4,6 +4,7 @@
 //! are resolved against the file's own directory, so the bundled config works from any
 //! working directory. Unknown keys are errors: a typo must not silently keep a default.
 
+use crate::audit::AuditConfig;
 use crate::gateway::{AdmissionConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
@@ -49,6 +50,8 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Reverse-proxy routes, matched in order before tiergate's own endpoints.
     pub routes: Vec<RouteConfig>,
+    /// The audit trail; absent: off.
+    pub audit: Option<AuditConfig>,
 }
 
 impl Default for Config {
@@ -64,6 +67,7 @@ impl Default for Config {
             shadow: ShadowConfig::default(),
             proxy: Default::default(),
             routes: Vec::new(),
+            audit: None,
         }
     }
 }
@@ -84,6 +88,10 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
+        if let Some(audit) = &mut config.audit {
+            audit.dir = base.join(&audit.dir);
+            audit.key_file = audit.key_file.take().map(|p| base.join(p));
+        }
         for route in &mut config.routes {
             if let Some(screen) = &mut route.screen {
                 screen.policy = screen.policy.take().map(|d| normal(base.join(d)));
@@ -118,6 +126,7 @@ impl Config {
             admission: &self.admission,
             shadow: &self.shadow,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
+            audit: self.audit.as_ref(),
         }
     }
 
@@ -163,6 +172,9 @@ impl Config {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
         crate::proxy::validate(&self.proxy, &self.routes)?;
+        if let Some(audit) = &self.audit {
+            audit.validate()?;
+        }
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());
         }

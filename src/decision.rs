@@ -7,7 +7,7 @@ use crate::action::Action;
 use crate::select::{SignalsSnapshot, Start};
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Label {
     Ok,
@@ -102,6 +102,21 @@ pub struct Decision {
     /// With `?explain=true`: why the request was routed as it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explain: Option<Explain>,
+    /// What the decision was about, for the audit trail; never part of a response.
+    #[serde(skip)]
+    pub subject: Subject,
+}
+
+/// The request a decision was made on, as the audit trail records it beside the decision.
+/// Cheap to clone: the text is shared.
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    /// The text as the client sent it (not the canonical text the models read).
+    pub text: std::sync::Arc<str>,
+    pub tenant: Option<String>,
+    /// ISO 639-3 code of the canonical text's language as the rules saw it ("und" when the
+    /// guess is unreliable); empty when no stage asked.
+    pub lang: &'static str,
 }
 
 /// What `?explain=true` adds.

@@ -6,10 +6,11 @@
 //! [`gateway`] rates it ([`complexity`]), asks [`select`] (pure tier selection) where to start
 //! and what comes after each stage, runs the [`tier`]s (cpu model, gpu model) with
 //! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`]. [`policy`] and
-//! [`signals`] are its inputs, [`metrics`] its side output, [`error`] the one place errors
+//! [`signals`] are its inputs, [`metrics`] and the [`audit`] trail its side outputs, [`error`] the one place errors
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
 pub mod action;
+pub mod audit;
 pub mod balance;
 pub mod calibrate;
 pub mod complexity;

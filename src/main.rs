@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiergate::config::Config;
-use tiergate::gateway::Sources;
+use tiergate::gateway::{GatewayConfig, Sources};
 use tiergate::policy::Policy;
 use tiergate::{App, Gateway};
 
@@ -93,6 +93,9 @@ enum Command {
         #[arg(long)]
         policies: Option<PathBuf>,
     },
+    /// Query the audit trail (`[audit] dir`): records as JSON lines, oldest first, filtered by
+    /// request id, time, tenant, route, action, tier, rule or kind; or `--count`.
+    Audit(cli::audit::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -130,6 +133,7 @@ fn main() -> std::process::ExitCode {
                 tier,
             })
         }
+        Command::Audit(args) => cli::audit::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())
@@ -216,6 +220,7 @@ fn serve(
                 }
             });
         }
+        let audit = gateway.audit.clone();
         let (app, admin) = App::pair(gateway, &config.server, &config.admin, config.proxy()?);
         let (app, admin) = (Arc::new(app), Arc::new(admin));
         let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -225,6 +230,10 @@ fn serve(
         tiergate::serve(listener, app, shutdown_signal()).await?;
         let _ = stop_admin.send(());
         let _ = admin_task.await;
+        // The listeners are drained: commit every queued audit record before exiting.
+        if let Some(audit) = audit {
+            let _ = tokio::task::spawn_blocking(move || audit.close()).await;
+        }
         Ok(())
     })
 }
@@ -267,7 +276,8 @@ fn explain(
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
+        // A one-off decision, not served traffic: no audit record.
+        let gateway = Gateway::start(&GatewayConfig { audit: None, ..config.gateway() }, Sources::default())?;
         // Let the samplers take their first readings, as a running server would have them.
         tokio::time::sleep(std::time::Duration::from_millis(2 * config.signals.cpu_interval_ms + 50)).await;
         let deadline = std::time::Duration::from_millis(config.server.default_deadline_ms);
@@ -318,7 +328,7 @@ fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> 
     config.shadow = tiergate::gateway::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
+        let gateway = Gateway::start(&GatewayConfig { audit: None, ..config.gateway() }, Sources::default())?;
         let (mut live_t, mut cand_t, mut changes) = (Tally::default(), Tally::default(), Changes::default());
         for (i, s) in rows.iter().enumerate() {
             // Replay without time pressure: compare policies, not this machine's load.

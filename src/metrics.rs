@@ -104,6 +104,13 @@ pub struct Metrics {
     pub proxy_upstream_latency: Family<RouteLabels, Histogram>,
     pub stream_guard: Family<RouteLabels, Counter>,
     pub proxy_upstream_ejected: Family<UpstreamLabels, Gauge>,
+    pub audit_records: Family<KindLabels, Counter>,
+    pub audit_dropped: Counter,
+    pub audit_queue_full: Counter,
+    pub audit_queue_depth: Gauge,
+    pub audit_backlog: Gauge,
+    pub audit_retention_deleted: Counter,
+    pub audit_flush_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -148,6 +155,41 @@ impl Metrics {
         });
         let stream_guard = Family::<RouteLabels, Counter>::default();
         let proxy_upstream_ejected = Family::<UpstreamLabels, Gauge>::default();
+        let audit_records = Family::<KindLabels, Counter>::default();
+        let audit_dropped = Counter::default();
+        let audit_queue_full = Counter::default();
+        let audit_queue_depth = Gauge::default();
+        let audit_backlog = Gauge::default();
+        let audit_retention_deleted = Counter::default();
+        // 100 µs .. ~6.6 s in 17 doublings.
+        let audit_flush_seconds = Histogram::new(exponential_buckets(100e-6, 2.0, 17));
+        registry.register("audit_records", "Audit records committed to the store, by kind", audit_records.clone());
+        registry.register(
+            "audit_dropped",
+            "Audit records lost: dropped on a full queue (on_full = drop), after the writer stopped, or when commits kept failing",
+            audit_dropped.clone(),
+        );
+        registry.register(
+            "audit_queue_full",
+            "Audit records that found the queue full (a 503 under on_full = block, a drop under drop)",
+            audit_queue_full.clone(),
+        );
+        registry.register("audit_queue_depth", "Audit records waiting for the writer", audit_queue_depth.clone());
+        registry.register(
+            "audit_backlog",
+            "Audit records in the store not yet shipped by the sink (0 without a sink)",
+            audit_backlog.clone(),
+        );
+        registry.register(
+            "audit_retention_deleted",
+            "Audit records deleted by retention (size or age limit), oldest first",
+            audit_retention_deleted.clone(),
+        );
+        registry.register(
+            "audit_flush_seconds",
+            "Time to render and commit one batch of audit records, seconds",
+            audit_flush_seconds.clone(),
+        );
         registry.register(
             "proxy_upstream_ejected",
             "1 while a route's app address is ejected after consecutive failures (as of the last scrape)",
@@ -250,6 +292,13 @@ impl Metrics {
             proxy_upstream_latency,
             stream_guard,
             proxy_upstream_ejected,
+            audit_records,
+            audit_dropped,
+            audit_queue_full,
+            audit_queue_depth,
+            audit_backlog,
+            audit_retention_deleted,
+            audit_flush_seconds,
         }
     }
 

@@ -414,5 +414,6 @@ fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Ac
         latency_us: 0,
         overloaded: false,
         explain: None,
+        subject: Default::default(),
     }
 }

@@ -7,8 +7,8 @@ use crate::tier::{GpuConfig, ModelConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 
-/// What [`super::Gateway::start`] needs: the model, gpu, policy, signals, admission and
-/// shadow sections, and the policy directories that proxy routes name.
+/// What [`super::Gateway::start`] needs: the model, gpu, policy, signals, admission, shadow and
+/// audit sections, and the policy directories that proxy routes name.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig<'a> {
     pub model: &'a ModelConfig,
@@ -19,6 +19,9 @@ pub struct GatewayConfig<'a> {
     pub shadow: &'a ShadowConfig,
     /// Policy directories named by `[routes.screen] policy`, in route order (duplicates allowed).
     pub route_policies: Vec<PathBuf>,
+    /// `[audit]`: the gateway opens the trail and records every decision; `None`: no trail
+    /// (also for one-off runs such as `explain` and `check-policy`).
+    pub audit: Option<&'a crate::audit::AuditConfig>,
 }
 
 /// `[shadow]`: a candidate policy evaluated beside the live one without affecting answers.

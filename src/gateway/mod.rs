@@ -7,8 +7,10 @@
 //!
 //! Files by concern: this one (the orchestrator: admission, rating, snapshot, finishing),
 //! [`cascade`] (the stage loop), [`shadow`] (the candidate policy), `lifecycle` (start, reload,
-//! watchers, housekeeping), [`config`] (the gateway's config sections).
+//! watchers, housekeeping), `audit` (each decision's audit record), [`config`] (the gateway's
+//! config sections).
 
+mod audit;
 pub mod cascade;
 mod config;
 mod explain;
@@ -19,7 +21,7 @@ pub mod shadow;
 pub use config::{AdmissionConfig, GatewayConfig, ShadowConfig};
 
 use crate::complexity;
-use crate::decision::{Decision, Explain, TierName};
+use crate::decision::{Decision, Explain, Subject, TierName};
 use crate::error::ApiError;
 use crate::metrics::{DecisionLabels, Metrics, StepLabels};
 use crate::policy::{Policy, PolicyStore};
@@ -70,6 +72,8 @@ pub struct Gateway {
     pub shadow: Option<Shadow>,
     /// The gpu limits the last snapshot was below (their hysteresis, [`select::gpu_below`]).
     gpu_below: Mutex<Below>,
+    /// The audit trail (`[audit]`), when configured: every decision's record goes through it.
+    pub audit: Option<Arc<crate::audit::Audit>>,
 }
 
 impl Gateway {
@@ -191,13 +195,16 @@ impl Gateway {
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
         let rating = self.rate(&policy, &req, &snapshot);
         let canonical = Arc::clone(&rating.text);
+        // Shares the cell: the guards, which run on every request, have detected it by the end.
+        let lang = rating.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
         if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
             if decision.path[0].tier == TierName::Cpu {
                 e.attributions = self.attributions(&canonical, risk, std::time::Duration::from_secs(2)).await;
             }
         }
-        let decision = self.finish(decision, request_id, &policy, explain, started);
+        let mut decision = self.finish(decision, request_id, &policy, explain, started);
+        decision.subject = Subject { text: Arc::clone(&req.text), tenant: req.tenant.clone(), lang: lang.get().code };
         let shadow = match &self.shadow {
             Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {
                 let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -260,13 +267,7 @@ impl Gateway {
         let elapsed = started.elapsed();
         d.request_id = request_id;
         d.policy_version = policy.version.clone();
-        d.model = match (d.tier, self.gpu.as_ref().and_then(|g| g.model_info())) {
-            (TierName::Gpu, Some(info)) => info.name.clone(),
-            (TierName::Gpu, None) => {
-                d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into())
-            }
-            _ => self.cpu.info().name.clone(),
-        };
+        d.model = self.model_name(&d);
         d.explain = explain;
         d.latency_us = elapsed.as_micros() as u64;
         let m = &self.metrics;
@@ -276,6 +277,18 @@ impl Gateway {
             m.steps.get_or_create(&StepLabels { tier: step.tier.as_str(), outcome: step.outcome.as_str() }).inc();
         }
         d
+    }
+
+    /// The model a decision names: the gpu model (or the model server that answered) when the
+    /// gpu tier decided, else the cpu model (rules and guards decide beside it).
+    pub(super) fn model_name(&self, d: &Decision) -> String {
+        match (d.tier, self.gpu.as_ref().and_then(|g| g.model_info())) {
+            (TierName::Gpu, Some(info)) => info.name.clone(),
+            (TierName::Gpu, None) => {
+                d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into())
+            }
+            _ => self.cpu.info().name.clone(),
+        }
     }
 
     /// The configured gpu backend (for `/readyz`).

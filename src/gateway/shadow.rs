@@ -1,6 +1,7 @@
 //! A candidate policy decided beside the live one (`[shadow]` in config), from the tier verdicts
 //! the live run obtained, so shadowing never calls a model and never changes an answer.
-//! Disagreements are counted by kind and logged with both decisions.
+//! Disagreements are counted by kind, logged with both decisions, and audited (kind `shadow`:
+//! the candidate's decision).
 
 use super::cascade::{self, Inputs, Recorded, Tiers};
 use super::{Gateway, ShadowConfig};
@@ -72,6 +73,9 @@ impl Shadow {
             cascade::run(&inputs, g.rate(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
+        candidate.model = g.model_name(&candidate);
+        candidate.latency_us = inputs.started.elapsed().as_micros() as u64;
+        candidate.subject = live.subject.clone();
         g.metrics.shadow_evaluations.inc();
         let kinds: Vec<&'static str> = [
             ("label", live.label != candidate.label),
@@ -83,6 +87,9 @@ impl Shadow {
         .collect();
         for kind in &kinds {
             g.metrics.shadow_disagreements.get_or_create(&KindLabels { kind }).inc();
+        }
+        if !kinds.is_empty() {
+            g.audit_detached(crate::audit::Kind::Shadow, &candidate);
         }
         if let (false, Some(log)) = (kinds.is_empty(), &self.log) {
             let line = serde_json::json!({

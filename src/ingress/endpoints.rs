@@ -78,6 +78,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
     let decision = app.gateway.classify(request, request_id).await?;
+    app.gateway.audit(crate::audit::Kind::Classify, None, &decision)?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 
@@ -215,6 +216,9 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
     }
     if let Role::Public { proxy: Some(proxy), .. } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
         proxy.export(m);
+    }
+    if let Some(audit) = &g.audit {
+        audit.export();
     }
     let mut response = Response::new(Full::new(Bytes::from(g.metrics.encode())));
     response.headers_mut().insert(

@@ -18,6 +18,7 @@ use http::{Method, Request, Response, Uri, Version};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -43,6 +44,10 @@ impl Proxy {
         body: Outgoing<Incoming>,
         screened: Option<&Screening>,
     ) -> Result<Response<BoxBody>, ApiError> {
+        // For a cut's audit record: the id the decision carries (set by the request-id layer).
+        let request_id = (route.guard.is_some() && gateway.audit.is_some()).then(|| {
+            parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+        });
         let original_host = self.prepare_request(route, &mut parts, screened);
         // A body we hold whole can be sent again; a streamed one only once.
         let replayable = match &body {
@@ -73,7 +78,7 @@ impl Proxy {
                         if matches!(screened, Some(Screening::Failed(_))) { "unscreened" } else { "forwarded" };
                     count(gateway, &route.name, forwarded);
                     let head = parts.method == Method::HEAD;
-                    return Ok(self.prepare_response(gateway, route, response, screened, head));
+                    return Ok(self.prepare_response(gateway, route, response, screened, head, request_id));
                 }
                 Attempt::ClientFailed(reason) => {
                     // Not the app's fault: no failure recorded against its address.
@@ -161,6 +166,7 @@ impl Proxy {
         response: Response<Incoming>,
         screened: Option<&Screening>,
         head: bool,
+        request_id: Option<String>,
     ) -> Response<BoxBody> {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -181,6 +187,15 @@ impl Proxy {
                 // The guard may end the stream early: the app's length no longer holds.
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());
+                let audit = gateway.audit.as_ref().zip(request_id).map(|(audit, request_id)| guard::CutAudit {
+                    audit: Arc::clone(audit),
+                    request_id,
+                    tenant: match screened {
+                        Some(Screening::Decided(d)) => d.subject.tenant.clone(),
+                        _ => None,
+                    },
+                    model: gateway.cpu_model_ref(),
+                });
                 guard::spawn(
                     gateway.policy_store(policy).snapshot(),
                     gateway.metrics.stream_guard.clone(),
@@ -188,6 +203,7 @@ impl Proxy {
                     guard.clone(),
                     &parts.headers,
                     body,
+                    audit,
                 )
             }
             Some(_) if guard::encoded(&parts.headers) => {

@@ -90,9 +90,9 @@ where
         }
     };
     let (outcome, outgoing) =
-        screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id).await;
+        screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id.clone()).await;
     let broken = matches!(outgoing, screen::Outgoing::Broken);
-    let screening = decide(&shared.gateway, &shared.name, &shared.screen, outcome, broken)?;
+    let screening = decide(&shared.gateway, &shared.name, &shared.screen, &request_id, outcome, broken)?;
     // Counted as a proxied route counts what it forwards, so that `outcome` adds up to every
     // request the layer saw (blocked and refused ones are counted by `decide`).
     let outcome = match &screening {

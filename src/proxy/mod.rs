@@ -142,8 +142,9 @@ impl Proxy {
                 return self.forward(gateway, route, parts, Outgoing::Stream(body), None).await;
             };
             let request_id = headers::header_str(&parts.headers, names::REQUEST_ID).unwrap_or_default().to_string();
-            let (outcome, outgoing) = screen::screen(gateway, limits, screen, &parts, body, request_id).await;
-            let screening = decide(gateway, &route.name, screen, outcome, matches!(outgoing, Outgoing::Broken))?;
+            let (outcome, outgoing) = screen::screen(gateway, limits, screen, &parts, body, request_id.clone()).await;
+            let broken = matches!(outgoing, Outgoing::Broken);
+            let screening = decide(gateway, &route.name, screen, &request_id, outcome, broken)?;
             self.forward(gateway, route, parts, outgoing, Some(&screening)).await
         };
         tokio::time::timeout(route.request_timeout, work).await.unwrap_or_else(|_| {
@@ -171,16 +172,20 @@ pub enum Screening {
 /// `Err` answers (blocked: 403 with the decision; refused: the screening error). Logs and counts
 /// what is not forwarded (`tiergate_proxy_requests_total{route, outcome="blocked"|"refused"}`).
 /// `broken`: the body could not be read, so the request cannot be forwarded in any mode.
+/// A decision, or a request forwarded unscreened, gets its audit record here (kind `screen`);
+/// a full audit queue under `on_full = "block"` turns either into a 503 before anything else.
 pub(crate) fn decide(
     gateway: &Gateway,
     route: &str,
     screen: &Screen,
+    request_id: &str,
     outcome: Result<Decision, ApiError>,
     broken: bool,
 ) -> Result<Screening, ApiError> {
     let count = |outcome| count(gateway, route, outcome);
     match outcome {
         Ok(decision) => {
+            gateway.audit(crate::audit::Kind::Screen, Some(route), &decision)?;
             let disposition = match decision.action {
                 Action::Allow => Disposition::Forward,
                 Action::Review => screen.config.on_review,
@@ -208,8 +213,10 @@ pub(crate) fn decide(
             Err(e)
         }
         Err(e) => {
+            let reason = e.to_string();
+            gateway.audit_unscreened(route, request_id, screen.config.policy.as_deref(), &reason)?;
             tracing::warn!(route, error = %e, "screening failed; forwarded unscreened (fail-open)");
-            Ok(Screening::Failed(e.to_string()))
+            Ok(Screening::Failed(reason))
         }
     }
 }

@@ -21,6 +21,9 @@
 mod text;
 
 use super::config::StreamGuardConfig;
+use crate::audit::record::now_ms;
+use crate::audit::{Audit, Draft, Kind, ModelRef};
+use crate::decision::{Label, Outcome, Step, TierName};
 use crate::metrics::RouteLabels;
 use crate::policy::Policy;
 use crate::rules::{RuleVerdict, RulesInput};
@@ -64,6 +67,7 @@ fn content_type(headers: &HeaderMap) -> String {
 
 /// Starts guarding `body`; returns the body the client gets. The guard runs as its own task and
 /// stops when the stream ends or the client goes away (dropping the app's body with it).
+/// `audit`: where a cut's record goes (kind `stream_cut`), when the trail is on.
 pub fn spawn(
     policy: Arc<Policy>,
     counter: Family<RouteLabels, Counter>,
@@ -71,15 +75,34 @@ pub fn spawn(
     config: StreamGuardConfig,
     headers: &HeaderMap,
     body: BoxBody,
+    audit: Option<CutAudit>,
 ) -> BoxBody {
     let (tx, mut rx) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(16);
-    let guard = Guard::new(policy, counter, route, config, content_type(headers) == "text/event-stream", tx);
+    let mut guard = Guard::new(policy, counter, route, config, content_type(headers) == "text/event-stream", tx);
+    guard.audit = audit;
     tokio::spawn(guard.run(body));
     BoxBody::new(StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))))
 }
 
+/// The audit trail and what a cut's record says about the request it ends the answer to.
+pub struct CutAudit {
+    pub audit: Arc<Audit>,
+    pub request_id: String,
+    pub tenant: Option<String>,
+    /// The model deployed beside the rules (a cut is a rules verdict).
+    pub model: ModelRef,
+}
+
+/// The window of the app's text in which a cutting rule matched, for the audit record.
+struct CutText {
+    text: String,
+    lang: &'static str,
+    latency_us: u64,
+}
+
 struct Guard {
     policy: Arc<Policy>,
+    audit: Option<CutAudit>,
     counter: Family<RouteLabels, Counter>,
     route: String,
     sse: bool,
@@ -128,6 +151,7 @@ impl Guard {
     ) -> Guard {
         Guard {
             policy,
+            audit: None,
             counter,
             route,
             sse,
@@ -269,7 +293,8 @@ impl Guard {
             let cut = self.evaluate();
             let outcome = if cut.is_some() { "cut" } else { "pass" };
             self.counter.get_or_create(&RouteLabels { route: self.route.clone(), outcome }).inc();
-            if let Some(verdict) = cut {
+            if let Some((verdict, text)) = cut {
+                self.record_cut(&verdict, text);
                 self.cut(verdict).await;
                 return false;
             }
@@ -289,7 +314,8 @@ impl Guard {
     /// text is covered by windows that overlap by half, each ending further on, so a burst
     /// longer than the window is read whole and a phrase up to half a window long is seen in one
     /// piece wherever it falls.
-    fn evaluate(&mut self) -> Option<RuleVerdict> {
+    fn evaluate(&mut self) -> Option<(RuleVerdict, CutText)> {
+        let started = Instant::now();
         let window = self.config.window_bytes.max(1);
         let len = self.generated.len();
         let first_new = len - self.unevaluated.min(len);
@@ -310,9 +336,10 @@ impl Guard {
             let canonical = crate::text::canonicalize(&self.generated[start..end]);
             let text = canonical.text.as_str();
             let signals = self.policy.rules.count_signals(text);
+            let lang = crate::text::detect(text).code;
             let verdict = self.policy.rules.evaluate(&RulesInput {
                 text,
-                lang: crate::text::detect(text).code,
+                lang,
                 obfuscation: &canonical.signals,
                 signals: &signals,
                 features: &serde_json::Map::new(),
@@ -320,12 +347,42 @@ impl Guard {
                 model: None,
             });
             if verdict.rule.is_some() && self.config.cut_on.contains(&verdict.action) {
-                found = Some(verdict);
+                let window = self.generated[start..end].to_string();
+                let latency_us = started.elapsed().as_micros() as u64;
+                found = Some((verdict, CutText { text: window, lang, latency_us }));
                 break;
             }
         }
         trim_to_window(&mut self.generated, window);
         found
+    }
+
+    /// Queues the cut's audit record (kind `stream_cut`): the rules verdict on the window of the
+    /// app's text that matched.
+    fn record_cut(&self, verdict: &RuleVerdict, cut: CutText) {
+        let Some(a) = &self.audit else { return };
+        let mut step =
+            Step::new(TierName::Rules, Outcome::Matched, cut.latency_us).reason("the stream guard ended the response");
+        step.rule = verdict.rule.clone();
+        step.risk_score = Some(verdict.risk_score);
+        a.audit.submit_detached(Draft {
+            request_id: a.request_id.clone(),
+            unix_ms: now_ms(),
+            kind: Kind::StreamCut,
+            tenant: a.tenant.clone(),
+            route: Some(self.route.clone()),
+            policy_version: self.policy.version.clone(),
+            model: a.model.clone(),
+            action: verdict.action.as_str(),
+            label: Some(Label::from_risk_score(verdict.risk_score)),
+            risk_score: Some(verdict.risk_score),
+            tier: TierName::Rules.as_str(),
+            path: vec![step],
+            note: None,
+            latency_us: cut.latency_us,
+            lang: Some(cut.lang),
+            text: Arc::from(cut.text),
+        });
     }
 
     /// Drops what is held and ends the stream with the decision.

@@ -80,7 +80,7 @@ async fn guard(sse: bool, config: StreamGuardConfig, pieces: Vec<Vec<u8>>, gap: 
     let body = BoxBody::new(StreamBody::new(futures_util::stream::poll_fn(move |cx| app_rx.poll_recv(cx))));
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, if sse { "text/event-stream" } else { "text/plain" }.parse().unwrap());
-    let mut out = spawn(policy(), Family::default(), "t".into(), config, &headers, body);
+    let mut out = spawn(policy(), Family::default(), "t".into(), config, &headers, body, None);
     let start = Instant::now();
     let mut frames = Vec::new();
     while let Some(frame) = out.frame().await {
@@ -225,7 +225,7 @@ async fn the_app_stream_is_dropped_when_the_client_leaves() {
     let body = BoxBody::new(StreamBody::new(futures_util::stream::poll_fn(move |cx| app_rx.poll_recv(cx))));
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, "text/plain".parse().unwrap());
-    let client = spawn(policy(), Family::default(), "t".into(), config(100, 4096), &headers, body);
+    let client = spawn(policy(), Family::default(), "t".into(), config(100, 4096), &headers, body, None);
     drop(client);
     // The app sends nothing more; its stream must still be let go.
     tokio::time::timeout(Duration::from_secs(1), app.closed()).await.expect("the guard dropped the app's body");

@@ -1,0 +1,207 @@
+//! The audit trail: one record per decision — `/v1/classify`, proxy screening (allowed,
+//! reviewed, blocked, forwarded unscreened), stream-guard cuts, shadow disagreements — kept in
+//! an embedded SQLite store that also serves as the outbox of a sink such as Kafka.
+//!
+//! The request path builds a [`Draft`] (clones, no formatting) and `try_send`s it to a bounded
+//! queue; one writer thread renders the text as `[audit] text` says, writes JSON and commits in
+//! batches. A full queue is `[audit] on_full`: the request gets 503 (`block`, the default: no
+//! record is lost silently) or the record is dropped and counted (`drop`). SIGTERM drains the
+//! server, then [`Audit::close`] commits everything queued.
+//!
+//! Files by concern: [`config`] (`[audit]`), [`record`] (the record), [`text`] (hash and
+//! redaction), `key` (the HMAC key), [`store`] (SQLite, retention), `writer` (the thread),
+//! [`outbox`] (what a sink reads), [`query`] (filters for `tiergate audit`).
+
+pub mod config;
+mod key;
+pub mod outbox;
+pub mod query;
+pub mod record;
+pub mod store;
+pub mod text;
+mod writer;
+
+pub use config::{AuditConfig, OnFull, TextMode};
+pub use outbox::{Outbox, Pending};
+pub use record::{AuditRecord, Draft, Kind, ModelRef};
+
+use crate::error::ApiError;
+use crate::metrics::{KindLabels, Metrics};
+use crossbeam_channel::{Sender, TrySendError};
+use outbox::{Backlog, SqliteOutbox};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use writer::{Msg, Writer};
+
+/// The audit metrics (handles into [`Metrics`]).
+#[derive(Clone)]
+pub struct AuditMetrics {
+    pub records: Family<KindLabels, Counter>,
+    pub dropped: Counter,
+    pub queue_full: Counter,
+    pub queue_depth: Gauge,
+    pub backlog: Gauge,
+    pub retention_deleted: Counter,
+    pub flush_seconds: Histogram,
+}
+
+impl AuditMetrics {
+    pub fn from(m: &Metrics) -> AuditMetrics {
+        AuditMetrics {
+            records: m.audit_records.clone(),
+            dropped: m.audit_dropped.clone(),
+            queue_full: m.audit_queue_full.clone(),
+            queue_depth: m.audit_queue_depth.clone(),
+            backlog: m.audit_backlog.clone(),
+            retention_deleted: m.audit_retention_deleted.clone(),
+            flush_seconds: m.audit_flush_seconds.clone(),
+        }
+    }
+}
+
+/// The audit trail's front: the queue, the writer thread and the outbox.
+pub struct Audit {
+    tx: Sender<Msg>,
+    on_full: OnFull,
+    metrics: AuditMetrics,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    outbox: Arc<SqliteOutbox>,
+    backlog: Arc<Backlog>,
+    shipping: bool,
+}
+
+impl Audit {
+    /// Opens the store in `config.dir` (creating it), loads the HMAC key (for `text = "hash"`)
+    /// and starts the writer. `shipping`: a sink ships the trail, so retention deletes shipped
+    /// records first and `tiergate_audit_backlog` counts what waits for it.
+    ///
+    /// Errors: the directory or database cannot be created or opened, the key is missing,
+    /// unreadable or short (naming the key).
+    pub fn open(config: &AuditConfig, metrics: &Metrics, shipping: bool) -> anyhow::Result<Audit> {
+        config.validate().map_err(anyhow::Error::msg)?;
+        let store = store::Store::open(&config.dir)?;
+        let key = if config.text == TextMode::Hash { key::load(config)? } else { Vec::new() };
+        if config.text == TextMode::Full {
+            tracing::warn!(dir = %config.dir.display(), "audit records keep the full text ([audit] text = \"full\")");
+        }
+        let backlog = Arc::new(Backlog::default());
+        let outbox = Arc::new(SqliteOutbox::open(&config.dir, Arc::clone(&backlog))?);
+        let (tx, rx) = crossbeam_channel::bounded(config.queue_capacity);
+        let metrics = AuditMetrics::from(metrics);
+        let writer = Writer {
+            rx,
+            store,
+            text: text::TextPolicy::new(config.text, key),
+            flush_every: Duration::from_millis(config.flush_interval_ms),
+            flush_max: config.flush_max_records,
+            retention: store::Retention {
+                max_bytes: config.max_bytes,
+                max_age_ms: (config.max_age_days > 0).then(|| config.max_age_days.saturating_mul(86_400_000)),
+                shipped_first: shipping,
+            },
+            retention_every: Duration::from_millis(config.retention_interval_ms),
+            backlog: Arc::clone(&backlog),
+            metrics: metrics.clone(),
+        };
+        let handle = std::thread::Builder::new().name("tiergate-audit".into()).spawn(move || writer.run())?;
+        tracing::info!(dir = %config.dir.display(), text = ?config.text, on_full = ?config.on_full, "audit trail on");
+        Ok(Audit { tx, on_full: config.on_full, metrics, writer: Mutex::new(Some(handle)), outbox, backlog, shipping })
+    }
+
+    /// Queues a record on the request path. Under `on_full = "block"` a full queue is an
+    /// `ApiError::Shed` (503 with `Retry-After`) for the caller to answer with; under `drop`
+    /// the record is dropped and counted. After [`Audit::close`], records are counted dropped.
+    pub fn submit(&self, draft: Draft) -> Result<(), ApiError> {
+        match self.tx.try_send(Msg::Record(Box::new(draft))) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.metrics.queue_full.inc();
+                match self.on_full {
+                    OnFull::Block => Err(ApiError::Shed {
+                        reason: "the audit trail's queue is full ([audit] on_full = \"block\")".into(),
+                        retry_after_s: 1,
+                    }),
+                    OnFull::Drop => {
+                        self.metrics.dropped.inc();
+                        Ok(())
+                    }
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.metrics.dropped.inc();
+                tracing::warn!("an audit record arrived after the writer stopped; dropped");
+                Ok(())
+            }
+        }
+    }
+
+    /// Queues a record that no response waits on (a stream cut, a shadow disagreement): under
+    /// `block` a full queue is waited out on a task of its own, under `drop` it drops and counts.
+    pub fn submit_detached(self: &Arc<Self>, draft: Draft) {
+        let Err(TrySendError::Full(msg)) = self.tx.try_send(Msg::Record(Box::new(draft))) else { return };
+        self.metrics.queue_full.inc();
+        if self.on_full == OnFull::Drop || tokio::runtime::Handle::try_current().is_err() {
+            self.metrics.dropped.inc();
+            return;
+        }
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut msg = msg;
+            loop {
+                match tx.try_send(msg) {
+                    Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+                    Err(TrySendError::Full(back)) => msg = back,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+
+    /// Waits until every record queued before the call is committed (blocking).
+    pub fn flush(&self) {
+        let (done, wait) = mpsc::channel();
+        if self.tx.send(Msg::Flush(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+
+    /// Commits everything queued and stops the writer (blocking; for shutdown). Idempotent.
+    pub fn close(&self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = handle.join();
+        }
+    }
+
+    /// The store as a sink's outbox.
+    pub fn outbox(&self) -> Arc<dyn Outbox> {
+        Arc::clone(&self.outbox) as Arc<dyn Outbox>
+    }
+
+    /// Sets the queue depth and backlog gauges (at each scrape).
+    pub fn export(&self) {
+        self.metrics.queue_depth.set(self.tx.len() as i64);
+        self.metrics.backlog.set(if self.shipping { self.backlog.get() as i64 } else { 0 });
+    }
+
+    /// Test hook: the writer commits what it has, then takes nothing from the queue until the
+    /// returned guard is dropped. For tests of a full queue; not for production use.
+    #[doc(hidden)]
+    pub fn pause_writer_for_tests(&self) -> WriterPaused {
+        let (paused, is_paused) = mpsc::channel();
+        let (resume, resumed) = mpsc::channel();
+        if self.tx.send(Msg::Pause { paused, resume: resumed }).is_ok() {
+            let _ = is_paused.recv();
+        }
+        WriterPaused { _resume: resume }
+    }
+}
+
+/// Dropping it lets the writer go on (see [`Audit::pause_writer_for_tests`]).
+pub struct WriterPaused {
+    _resume: mpsc::Sender<()>,
+}

@@ -1,0 +1,167 @@
+//! The audit record: one JSON object per decision, as stored in `audit.db`, shipped to Kafka and
+//! printed by `tiergate audit` (schema: docs/operations.md). [`Draft`] is what the request path
+//! hands to the writer: a few clones and no formatting, since the text's hash or redaction and
+//! the JSON are made on the writer thread, off the request path.
+
+use super::text::{AuditText, TextPolicy};
+use crate::decision::{Decision, Label, Step};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// What made the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// `POST /v1/classify`.
+    Classify,
+    /// A screened proxy route or the tower layer: allowed, reviewed, blocked, or forwarded
+    /// unscreened after screening failed on a fail-open route.
+    Screen,
+    /// The stream guard ended an app's response.
+    StreamCut,
+    /// The shadow policy disagreed with the live one (the record is the candidate's decision).
+    Shadow,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Classify => "classify",
+            Kind::Screen => "screen",
+            Kind::StreamCut => "stream_cut",
+            Kind::Shadow => "shadow",
+        }
+    }
+}
+
+/// The `action` and `tier` of a request forwarded without a decision (fail-open screening).
+pub const UNSCREENED: &str = "unscreened";
+
+/// The model behind a decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRef {
+    pub name: String,
+    /// sha256 of the model directory's `MANIFEST.sha256` (one digest for weights, tokenizer,
+    /// calibration and OOD data), lower-case hex; `null` for a model server tiergate only calls.
+    pub sha256: Option<String>,
+}
+
+/// One decision, as the audit trail keeps it. Field by field: docs/operations.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub request_id: String,
+    /// When the decision was made, ms since the Unix epoch.
+    pub unix_ms: u64,
+    pub kind: Kind,
+    pub tenant: Option<String>,
+    /// The proxy route (or tower layer) name; `null` for `/v1/classify`.
+    pub route: Option<String>,
+    pub policy_version: String,
+    pub model: ModelRef,
+    /// `allow`, `review`, `block`, or `unscreened`.
+    pub action: String,
+    /// `null` only for `unscreened`.
+    pub label: Option<Label>,
+    /// `null` only for `unscreened`.
+    pub risk_score: Option<f64>,
+    /// The cpu model's OOD score, when it ran.
+    pub ood_score: Option<f64>,
+    /// The stage whose verdict stands (`cpu`, `gpu`, `rules`, `guard`), or `unscreened`.
+    pub tier: String,
+    /// Every stage tried, as a decision's `path` serialises.
+    pub path: Vec<serde_json::Value>,
+    /// Ids of the rules that matched (rules stage, guards, allow-list), in path order.
+    pub rules: Vec<String>,
+    /// Time to decide, µs.
+    pub latency_us: u64,
+    /// ISO 639-3 code of the text's language ("und" when unreliable).
+    pub lang: Option<String>,
+    /// Length of the screened text, Unicode scalar values.
+    pub text_chars: u64,
+    pub text: AuditText,
+}
+
+/// A record before the writer renders its text and path.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub request_id: String,
+    pub unix_ms: u64,
+    pub kind: Kind,
+    pub tenant: Option<String>,
+    pub route: Option<String>,
+    pub policy_version: String,
+    pub model: ModelRef,
+    pub action: &'static str,
+    pub label: Option<Label>,
+    pub risk_score: Option<f64>,
+    pub tier: &'static str,
+    pub path: Vec<Step>,
+    /// A path entry the decision types cannot express (why screening did not run).
+    pub note: Option<serde_json::Value>,
+    pub latency_us: u64,
+    pub lang: Option<&'static str>,
+    pub text: Arc<str>,
+}
+
+/// Now, ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Draft {
+    /// The draft of a decision (classify, screen, shadow).
+    pub fn decided(kind: Kind, route: Option<&str>, model: ModelRef, d: &Decision) -> Draft {
+        Draft {
+            request_id: d.request_id.clone(),
+            unix_ms: now_ms(),
+            kind,
+            tenant: d.subject.tenant.clone(),
+            route: route.map(str::to_string),
+            policy_version: d.policy_version.clone(),
+            model,
+            action: d.action.as_str(),
+            label: Some(d.label),
+            risk_score: Some(d.risk_score),
+            tier: d.tier.as_str(),
+            path: d.path.clone(),
+            note: None,
+            latency_us: d.latency_us,
+            lang: (!d.subject.lang.is_empty()).then_some(d.subject.lang),
+            text: Arc::clone(&d.subject.text),
+        }
+    }
+
+    /// The record, with the text as `text` keeps it.
+    pub fn render(self, text: &TextPolicy) -> AuditRecord {
+        let mut rules: Vec<String> = Vec::new();
+        for rule in self.path.iter().filter_map(|s| s.rule.as_ref()) {
+            if !rules.contains(rule) {
+                rules.push(rule.clone());
+            }
+        }
+        let ood_score = self.path.iter().find_map(|s| s.ood_score);
+        let mut path: Vec<serde_json::Value> =
+            self.path.iter().map(|s| serde_json::to_value(s).unwrap_or_default()).collect();
+        path.extend(self.note);
+        AuditRecord {
+            request_id: self.request_id,
+            unix_ms: self.unix_ms,
+            kind: self.kind,
+            tenant: self.tenant,
+            route: self.route,
+            policy_version: self.policy_version,
+            model: self.model,
+            action: self.action.to_string(),
+            label: self.label,
+            risk_score: self.risk_score,
+            ood_score,
+            tier: self.tier.to_string(),
+            path,
+            rules,
+            latency_us: self.latency_us,
+            lang: self.lang.map(str::to_string),
+            text_chars: self.text.chars().count() as u64,
+            text: text.render(&self.text),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The embedded store: SQLite (crate `rusqlite`, SQLite bundled) in `audit.dir/audit.db`, in WAL
+//! mode, written by one writer thread in one transaction per flush. Each row holds a record's
+//! JSON, the columns queries filter on (indexed) and the outbox flag `shipped`.
+//!
+//! Durability: `synchronous = NORMAL` in WAL mode, so a committed flush survives the process
+//! being killed; a power cut can lose the last commits the OS had not yet written.
+//!
+//! Retention deletes the oldest records (by insertion order) first: those older than the age
+//! limit, then as many as keep the bytes in use under the size limit, shipped ones before
+//! unshipped ones when a sink ships the trail.
+
+use super::record::AuditRecord;
+use anyhow::Context as _;
+use rusqlite::{params, Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The database's file name inside `audit.dir`.
+pub const DB_FILE: &str = "audit.db";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id TEXT NOT NULL,
+    unix_ms INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    tenant TEXT,
+    route TEXT,
+    action TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    shipped INTEGER NOT NULL DEFAULT 0,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_request_id ON records (request_id);
+CREATE INDEX IF NOT EXISTS records_unix_ms ON records (unix_ms);
+CREATE INDEX IF NOT EXISTS records_tenant ON records (tenant, unix_ms);
+CREATE INDEX IF NOT EXISTS records_route ON records (route, unix_ms);
+CREATE INDEX IF NOT EXISTS records_action ON records (action, unix_ms);
+CREATE INDEX IF NOT EXISTS records_tier ON records (tier, unix_ms);
+CREATE INDEX IF NOT EXISTS records_kind ON records (kind, unix_ms);
+CREATE INDEX IF NOT EXISTS records_unshipped ON records (id) WHERE shipped = 0;
+";
+
+/// How long a connection waits for another's write lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to the store, schema in place.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Size and age limits (`[audit] max_bytes`, `max_age_days`).
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub max_bytes: u64,
+    /// `None`: no age limit.
+    pub max_age_ms: Option<u64>,
+    /// Delete shipped records before unshipped ones (a sink ships the trail).
+    pub shipped_first: bool,
+}
+
+/// What one retention run deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deleted {
+    pub by_age: u64,
+    pub by_size: u64,
+    /// Of those, records no sink had shipped yet.
+    pub unshipped: u64,
+}
+
+impl Store {
+    /// Opens (creating the directory, the file and the schema as needed) `dir/audit.db`.
+    pub fn open(dir: &Path) -> anyhow::Result<Store> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the audit directory {}", dir.display()))?;
+        let path = dir.join(DB_FILE);
+        let conn = Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Before any table exists: lets retention hand freed pages back to the file system.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "{}: SQLite refused WAL mode ({mode})", path.display());
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA).with_context(|| format!("creating the audit schema in {}", path.display()))?;
+        Ok(Store { conn, path })
+    }
+
+    /// Opens an existing store read-only (for queries). Errors say what is missing.
+    pub fn open_read_only(dir: &Path) -> anyhow::Result<Connection> {
+        anyhow::ensure!(dir.is_dir(), "no audit directory {}: it does not exist or is not a directory", dir.display());
+        let path = dir.join(DB_FILE);
+        anyhow::ensure!(
+            path.is_file(),
+            "{} has no {DB_FILE}: is it the `[audit] dir` of a tiergate that ran?",
+            dir.display()
+        );
+        let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("opening {}", path.display()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        Ok(conn)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    pub fn into_connection(self) -> Connection {
+        self.conn
+    }
+
+    /// Writes `records` in one transaction (all or none).
+    pub fn insert(&mut self, records: &[AuditRecord]) -> anyhow::Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO records (request_id, unix_ms, kind, tenant, route, action, tier, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?;
+            for r in records {
+                let json = serde_json::to_string(r)?;
+                insert.execute(params![
+                    r.request_id,
+                    r.unix_ms as i64,
+                    r.kind.as_str(),
+                    r.tenant,
+                    r.route,
+                    r.action,
+                    r.tier,
+                    json
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records not shipped yet.
+    pub fn unshipped_count(&self) -> anyhow::Result<u64> {
+        Ok(self.conn.query_row("SELECT COUNT(*) FROM records WHERE shipped = 0", [], |r| r.get::<_, i64>(0))? as u64)
+    }
+
+    /// Bytes of the database file in use (pages not on the free list).
+    pub fn used_bytes(&self) -> anyhow::Result<u64> {
+        let pragma = |name: &str| self.conn.pragma_query_value(None, name, |r| r.get::<_, i64>(0));
+        let (pages, free, size) = (pragma("page_count")?, pragma("freelist_count")?, pragma("page_size")?);
+        Ok(((pages - free).max(0) * size) as u64)
+    }
+
+    /// Deletes what is past the limits, oldest first; says how many went.
+    pub fn retain(&mut self, limits: &Retention, now_ms: u64) -> anyhow::Result<Deleted> {
+        let mut deleted = Deleted::default();
+        if let Some(age) = limits.max_age_ms {
+            let cutoff = now_ms.saturating_sub(age) as i64;
+            let (n, unshipped) = self.delete("DELETE FROM records WHERE unix_ms < ?1 RETURNING shipped", cutoff)?;
+            deleted.by_age += n;
+            deleted.unshipped += unshipped;
+        }
+        // Each round deletes what the average row size says is over; index pages free less
+        // evenly than table pages, so a few rounds may be needed (bounded, never all at once).
+        for _ in 0..32 {
+            let used = self.used_bytes()?;
+            if used <= limits.max_bytes {
+                break;
+            }
+            let rows = self.conn.query_row("SELECT COUNT(*) FROM records", [], |r| r.get::<_, i64>(0))?;
+            if rows == 0 {
+                break;
+            }
+            let per_row = (used / rows as u64).max(1);
+            let n = ((used - limits.max_bytes) / per_row + 1).max(rows as u64 / 100).max(1) as i64;
+            let oldest =
+                "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY id LIMIT ?1) RETURNING shipped";
+            let (mut gone, mut unshipped) = (0, 0);
+            if limits.shipped_first {
+                (gone, unshipped) = self.delete(
+                    "DELETE FROM records WHERE id IN
+                     (SELECT id FROM records WHERE shipped = 1 ORDER BY id LIMIT ?1) RETURNING shipped",
+                    n,
+                )?;
+            }
+            if gone == 0 {
+                (gone, unshipped) = self.delete(oldest, n)?;
+            }
+            deleted.by_size += gone;
+            deleted.unshipped += unshipped;
+        }
+        if deleted.by_age + deleted.by_size > 0 {
+            self.conn.execute_batch("PRAGMA incremental_vacuum;")?;
+        }
+        Ok(deleted)
+    }
+
+    /// Runs a `DELETE ... RETURNING shipped` with one parameter: (rows deleted, of them unshipped).
+    fn delete(&self, sql: &str, param: i64) -> anyhow::Result<(u64, u64)> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([param])?;
+        let (mut n, mut unshipped) = (0, 0);
+        while let Some(row) = rows.next()? {
+            n += 1;
+            unshipped += (row.get::<_, i64>(0)? == 0) as u64;
+        }
+        Ok((n, unshipped))
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests;

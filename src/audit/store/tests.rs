@@ -1,0 +1,104 @@
+//! The store against a real SQLite file: inserts, retention by age and size.
+
+use super::*;
+use crate::audit::config::TextMode;
+use crate::audit::record::{Kind, ModelRef};
+use crate::audit::text::AuditText;
+
+/// A record with this request id and time, and some bulk (so that size limits bite).
+pub(crate) fn record(request_id: &str, unix_ms: u64) -> AuditRecord {
+    AuditRecord {
+        request_id: request_id.to_string(),
+        unix_ms,
+        kind: Kind::Classify,
+        tenant: Some("t1".into()),
+        route: None,
+        policy_version: "p1".into(),
+        model: ModelRef { name: "m".into(), sha256: Some("0".repeat(64)) },
+        action: "allow".into(),
+        label: Some(crate::decision::Label::Ok),
+        risk_score: Some(0.1),
+        ood_score: None,
+        tier: "cpu".into(),
+        path: vec![serde_json::json!({"tier": "cpu", "outcome": "accepted", "latency_us": 10})],
+        rules: vec![],
+        latency_us: 10,
+        lang: Some("eng".into()),
+        text_chars: 200,
+        text: AuditText { mode: TextMode::Full, value: "x".repeat(200) },
+    }
+}
+
+fn fresh(name: &str) -> Store {
+    let dir = std::env::temp_dir().join(format!("tiergate-store-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    Store::open(&dir).unwrap()
+}
+
+fn ids(store: &Store) -> Vec<String> {
+    let mut stmt = store.connection().prepare("SELECT request_id FROM records ORDER BY id").unwrap();
+    stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+}
+
+#[test]
+fn records_round_trip_as_json_with_their_columns() {
+    let mut store = fresh("roundtrip");
+    let r = record("a", 5);
+    store.insert(std::slice::from_ref(&r)).unwrap();
+    let (json, kind, tier): (String, String, String) = store
+        .connection()
+        .query_row("SELECT record, kind, tier FROM records WHERE request_id = 'a'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!(serde_json::from_str::<AuditRecord>(&json).unwrap(), r);
+    assert_eq!((kind.as_str(), tier.as_str()), ("classify", "cpu"));
+    let mode: String = store.connection().pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[test]
+fn retention_by_age_deletes_the_old_records_only() {
+    let mut store = fresh("age");
+    store.insert(&(0..10).map(|i| record(&format!("r{i}"), 1000 + i)).collect::<Vec<_>>()).unwrap();
+    let limits = Retention { max_bytes: u64::MAX, max_age_ms: Some(5), shipped_first: false };
+    let deleted = store.retain(&limits, 1009).unwrap();
+    assert_eq!(deleted, Deleted { by_age: 4, by_size: 0, unshipped: 4 });
+    assert_eq!(ids(&store), ["r4", "r5", "r6", "r7", "r8", "r9"]);
+}
+
+#[test]
+fn retention_by_size_deletes_oldest_first_and_counts() {
+    let mut store = fresh("size");
+    for batch in 0..20 {
+        let records: Vec<_> = (0..100).map(|i| record(&format!("r{:04}", batch * 100 + i), 1)).collect();
+        store.insert(&records).unwrap();
+    }
+    let before = store.used_bytes().unwrap();
+    let limits = Retention { max_bytes: before / 2, max_age_ms: None, shipped_first: false };
+    let deleted = store.retain(&limits, 2).unwrap();
+    assert!(store.used_bytes().unwrap() <= before / 2, "under the limit after retention");
+    let left = ids(&store);
+    assert_eq!(deleted.by_size as usize + left.len(), 2000, "every deletion is counted");
+    assert!(deleted.by_size >= 500 && deleted.by_size < 2000, "{deleted:?}");
+    // Oldest first: what is left is exactly the newest records, in order.
+    let expected: Vec<String> = (2000 - left.len()..2000).map(|i| format!("r{i:04}")).collect();
+    assert_eq!(left, expected);
+    assert_eq!(store.retain(&limits, 2).unwrap(), Deleted::default(), "nothing more once under the limit");
+}
+
+#[test]
+fn with_a_sink_shipped_records_go_before_older_unshipped_ones() {
+    let mut store = fresh("shipped");
+    let records: Vec<_> = (0..1000).map(|i| record(&format!("r{i:04}"), 1)).collect();
+    store.insert(&records).unwrap();
+    // The newer half was shipped; the older half was not.
+    store.connection().execute("UPDATE records SET shipped = 1 WHERE request_id >= 'r0500'", []).unwrap();
+    let used = store.used_bytes().unwrap();
+    let limits = Retention { max_bytes: used * 3 / 4, max_age_ms: None, shipped_first: true };
+    let deleted = store.retain(&limits, 2).unwrap();
+    assert!(deleted.by_size > 0 && deleted.unshipped == 0, "{deleted:?}");
+    let left = ids(&store);
+    assert!(left[..500].iter().zip(0..).all(|(id, i)| *id == format!("r{i:04}")), "every unshipped record stays");
+    assert_eq!(left.len() as u64 + deleted.by_size, 1000);
+}

@@ -1,0 +1,152 @@
+//! The writer thread: takes drafts off the bounded queue, renders them (text hash or redaction,
+//! JSON) and commits them in one transaction per flush — when `flush_interval_ms` has passed
+//! since the first record of the batch arrived, or `flush_max_records` wait, whichever is first —
+//! and runs retention every `retention_interval_ms`. The only writer of the store's records.
+
+use super::outbox::Backlog;
+use super::record::{now_ms, AuditRecord, Draft};
+use super::store::{Retention, Store};
+use super::text::TextPolicy;
+use super::AuditMetrics;
+use crate::metrics::KindLabels;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the queue carries.
+pub(super) enum Msg {
+    Record(Box<Draft>),
+    /// Commit everything queued before this message, then answer.
+    Flush(mpsc::Sender<()>),
+    /// Commit, answer on `paused`, then take nothing until `resume` is answered or dropped.
+    Pause {
+        paused: mpsc::Sender<()>,
+        resume: mpsc::Receiver<()>,
+    },
+    /// Commit everything queued and end the thread.
+    Stop,
+}
+
+pub(super) struct Writer {
+    pub rx: Receiver<Msg>,
+    pub store: Store,
+    pub text: TextPolicy,
+    pub flush_every: Duration,
+    pub flush_max: usize,
+    pub retention: Retention,
+    pub retention_every: Duration,
+    pub backlog: Arc<Backlog>,
+    pub metrics: AuditMetrics,
+}
+
+/// A failed commit is tried this many times before its records are dropped (and counted).
+const COMMIT_ATTEMPTS: u32 = 3;
+
+impl Writer {
+    pub(super) fn run(mut self) {
+        let mut batch: Vec<Draft> = Vec::with_capacity(self.flush_max);
+        let mut due: Option<Instant> = None;
+        let mut next_retention = Instant::now();
+        loop {
+            if Instant::now() >= next_retention {
+                self.retain();
+                next_retention = Instant::now() + self.retention_every;
+            }
+            let wake = due.map_or(next_retention, |d| d.min(next_retention));
+            match self.rx.recv_deadline(wake) {
+                Ok(Msg::Record(draft)) => {
+                    due.get_or_insert_with(|| Instant::now() + self.flush_every);
+                    batch.push(*draft);
+                    if batch.len() >= self.flush_max {
+                        self.flush(&mut batch);
+                        due = None;
+                    }
+                }
+                Ok(Msg::Flush(done)) => {
+                    self.flush(&mut batch);
+                    due = None;
+                    let _ = done.send(());
+                }
+                Ok(Msg::Pause { paused, resume }) => {
+                    self.flush(&mut batch);
+                    due = None;
+                    let _ = paused.send(());
+                    let _ = resume.recv();
+                }
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                    // Whatever raced in behind the stop is written too.
+                    while let Ok(Msg::Record(draft)) = self.rx.try_recv() {
+                        batch.push(*draft);
+                    }
+                    self.flush(&mut batch);
+                    tracing::info!("audit writer stopped: every queued record is committed");
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if due.is_some_and(|d| Instant::now() >= d) {
+                        self.flush(&mut batch);
+                        due = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renders and commits the batch (in chunks of `flush_max`), retrying a failed commit.
+    fn flush(&mut self, batch: &mut Vec<Draft>) {
+        while !batch.is_empty() {
+            let take = batch.len().min(self.flush_max);
+            let started = Instant::now();
+            let records: Vec<AuditRecord> = batch.drain(..take).map(|d| d.render(&self.text)).collect();
+            self.commit(&records);
+            self.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
+        }
+        self.metrics.queue_depth.set(self.rx.len() as i64);
+    }
+
+    fn commit(&mut self, records: &[AuditRecord]) {
+        for attempt in 1..=COMMIT_ATTEMPTS {
+            match self.store.insert(records) {
+                Ok(()) => {
+                    for r in records {
+                        self.metrics.records.get_or_create(&KindLabels { kind: r.kind.as_str() }).inc();
+                    }
+                    self.backlog.add(records.len() as u64);
+                    return;
+                }
+                Err(e) if attempt < COMMIT_ATTEMPTS => {
+                    tracing::warn!(error = %format!("{e:#}"), attempt, "audit commit failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100 * attempt as u64));
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), records = records.len(), path = %self.store.path().display(),
+                        "audit commit failed; the records are dropped (tiergate_audit_dropped_total)");
+                    self.metrics.dropped.inc_by(records.len() as u64);
+                }
+            }
+        }
+    }
+
+    fn retain(&mut self) {
+        let started = Instant::now();
+        match self.store.retain(&self.retention, now_ms()) {
+            Ok(d) if d.by_age + d.by_size > 0 => {
+                self.metrics.retention_deleted.inc_by(d.by_age + d.by_size);
+                self.backlog.sub(d.unshipped);
+                tracing::info!(
+                    by_age = d.by_age,
+                    by_size = d.by_size,
+                    unshipped = d.unshipped,
+                    ms = started.elapsed().as_millis() as u64,
+                    "audit retention deleted the oldest records"
+                );
+                if d.unshipped > 0 && self.retention.shipped_first {
+                    tracing::warn!(unshipped = d.unshipped, "audit retention deleted records the sink had not shipped");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "audit retention failed"),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The audit trail against a real server and a real SQLite store: exactly one record per
+//! decision and kind (classify, screen allowed/blocked/unscreened, stream cut, shadow), a full
+//! queue answering 503 under `on_full = "block"` (and counting under `drop`), SIGTERM committing
+//! everything queued, and the `tiergate audit` command's filters and errors.
+
+mod common;
+
+use common::app;
+use http::StatusCode;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tiergate::audit::query::{self, Filter};
+use tiergate::audit::store::Store;
+use tiergate::audit::{AuditConfig, AuditRecord, OnFull, TextMode};
+use tiergate::gateway::{ShadowConfig, Sources};
+
+const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+const PHISHING: &str =
+    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+const RISKY: &str = "Please send your password to http://evil.example/login now.";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiergate-audit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Every record of `request_id` in the store at `dir`.
+fn records(dir: &Path, request_id: &str) -> Vec<AuditRecord> {
+    let conn = Store::open_read_only(dir).unwrap();
+    let mut out = Vec::new();
+    let filter = Filter { request_id: Some(request_id.into()), ..Filter::default() };
+    query::for_each(&conn, &filter, |json| {
+        out.push(serde_json::from_str(json)?);
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+fn count(dir: &Path) -> u64 {
+    query::count(&Store::open_read_only(dir).unwrap(), &Filter::default()).unwrap()
+}
+
+async fn post(addr: std::net::SocketAddr, path: &str, id: &str, body: Value) -> common::Reply {
+    let headers = [("content-type", "application/json"), ("x-request-id", id), ("x-tiergate-deadline-ms", "5000")];
+    common::send(addr, "POST", path, &headers, body.to_string()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_has_exactly_one_record_of_its_kind() {
+    let app = app::start();
+    let dir = scratch("one-each");
+    let routes = format!(
+        r#"
+        [[routes]]
+        name = "chat"
+        path_prefix = "/echo/chat"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+        tenant = "/tenant"
+        on_error = "open"
+
+        [[routes]]
+        name = "guarded"
+        path = "/text"
+        upstream = ["{app}"]
+        [routes.stream_guard]
+        buffer_ms = 50
+        "#,
+        app = app.url()
+    );
+    let policies = common::repo().join("policies");
+    let mut config = common::config_with_routes(&policies, &routes);
+    config.audit = Some(AuditConfig { dir: dir.clone(), text: TextMode::Redacted, ..AuditConfig::default() });
+    // A candidate under which every model verdict is at least `review`: it disagrees with the
+    // live policy's `allow`s.
+    let routing = std::fs::read_to_string(policies.join("routing.toml")).unwrap();
+    let candidate =
+        common::policies_with_routing("audit-shadow", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+    config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, log: None };
+    let (addr, gateway) = common::start_with(config, Sources::default());
+
+    let (n, m) = (6, 6);
+    let mut said = Vec::new();
+    for i in 0..n {
+        let (id, text) = (format!("classify-{i}"), if i % 2 == 0 { BENIGN } else { PHISHING });
+        let reply = post(addr, "/v1/classify", &id, json!({"text": text, "tenant": "acme"})).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        said.push((id, "classify", reply.json()["action"].as_str().unwrap().to_string(), text));
+    }
+    for i in 0..m {
+        let id = format!("screen-{i}");
+        let text = [BENIGN, PHISHING, ""][i % 3];
+        let body = if text.is_empty() { json!({"no_text": true}) } else { json!({"text": text, "tenant": "acme"}) };
+        let reply = post(addr, "/echo/chat", &id, body).await;
+        let action = match reply.status {
+            StatusCode::OK => reply.headers.get("x-tiergate-action").map_or("unscreened", |v| v.to_str().unwrap()),
+            StatusCode::FORBIDDEN => "block",
+            other => panic!("{other}: {:?}", reply.body),
+        };
+        said.push((id, "screen", action.to_string(), text));
+    }
+    assert!(said.iter().any(|(_, _, a, _)| a == "unscreened") && said.iter().any(|(_, _, a, _)| a == "block"));
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("chunks", &format!("Hello there.|{RISKY}"))
+        .append_pair("gap_ms", "10")
+        .finish();
+    let cut = common::send(addr, "GET", &format!("/text?{query}"), &[("x-request-id", "cut-1")], "").await;
+    assert!(String::from_utf8_lossy(&cut.body).contains("stream guard"), "the stream was cut");
+
+    gateway.audit.as_ref().unwrap().flush();
+    for (id, kind, action, text) in &said {
+        let found = records(&dir, id);
+        let of_kind: Vec<_> = found.iter().filter(|r| r.kind.as_str() == *kind).collect();
+        assert_eq!(of_kind.len(), 1, "{id}: one {kind} record, got {found:?}");
+        let r = of_kind[0];
+        assert_eq!((&r.action, &r.request_id), (action, id), "{id}");
+        let shadows = found.iter().filter(|r| r.kind.as_str() == "shadow").count();
+        assert!(shadows <= 1 && found.len() == 1 + shadows, "{id}: {found:?}");
+        if action == "unscreened" {
+            assert_eq!((r.tier.as_str(), r.label, r.risk_score), ("unscreened", None, None));
+            assert!(r.path[0]["reason"].as_str().unwrap().contains("no text to screen"), "{:?}", r.path);
+        } else {
+            assert_eq!(r.tenant.as_deref(), Some("acme"));
+            assert_eq!(r.model.sha256.as_deref().map(str::len), Some(64), "the model's manifest digest");
+            assert!(!r.policy_version.is_empty() && !r.path.is_empty() && r.lang.is_some());
+            assert_eq!(r.route.as_deref(), (*kind == "screen").then_some("chat"));
+        }
+        if action == "allow" {
+            assert_eq!(shadows, 1, "{id}: the candidate reviews what the live policy allows");
+        }
+        if *text == BENIGN {
+            assert!(r.text.value.contains("[email]") && !r.text.value.contains("jan@"), "{}", r.text.value);
+            assert_eq!(r.text_chars, BENIGN.chars().count() as u64);
+        }
+    }
+    let cut = records(&dir, "cut-1");
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert_eq!((cut[0].kind.as_str(), cut[0].route.as_deref()), ("stream_cut", Some("guarded")));
+    assert!(!cut[0].rules.is_empty() && cut[0].action == "block", "{:?}", cut[0]);
+    let total = count(&dir);
+    let shadows = query::count(
+        &Store::open_read_only(&dir).unwrap(),
+        &Filter { kind: Some("shadow".into()), ..Filter::default() },
+    )
+    .unwrap();
+    assert_eq!(total, (n + m + 1) as u64 + shadows, "nothing but these records");
+    let metrics = gateway.metrics.encode();
+    assert!(metrics.contains(&format!("tiergate_audit_records_total{{kind=\"classify\"}} {n}")), "{metrics}");
+}
+
+/// A server whose audit queue holds one record, with the given `on_full`.
+fn tiny_queue(name: &str, on_full: OnFull) -> (std::net::SocketAddr, std::sync::Arc<tiergate::Gateway>, PathBuf) {
+    let dir = scratch(name);
+    let mut config = common::config(&common::repo().join("policies"));
+    config.audit = Some(AuditConfig { dir: dir.clone(), queue_capacity: 1, on_full, ..AuditConfig::default() });
+    let (addr, gateway) = common::start_with(config, Sources::default());
+    (addr, gateway, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_with_retry_after_under_block() {
+    let (addr, gateway, dir) = tiny_queue("block", OnFull::Block);
+    let audit = gateway.audit.clone().unwrap();
+    let paused = audit.pause_writer_for_tests();
+    assert_eq!(post(addr, "/v1/classify", "first", json!({"text": BENIGN})).await.status, StatusCode::OK);
+    let refused = post(addr, "/v1/classify", "second", json!({"text": BENIGN})).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert!(refused.json()["error"]["message"].as_str().unwrap().contains("audit"), "{:?}", refused.body);
+    drop(paused);
+    assert_eq!(post(addr, "/v1/classify", "third", json!({"text": BENIGN})).await.status, StatusCode::OK);
+    audit.flush();
+    let ids: Vec<usize> = ["first", "second", "third"].iter().map(|id| records(&dir, id).len()).collect();
+    assert_eq!(ids, [1, 0, 1], "answered requests have their record; the refused one has none");
+    assert_eq!(gateway.metrics.audit_queue_full.get(), 1);
+    assert_eq!(gateway.metrics.audit_dropped.get(), 0, "nothing was lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_drops_and_counts_under_drop() {
+    let (addr, gateway, dir) = tiny_queue("drop", OnFull::Drop);
+    let audit = gateway.audit.clone().unwrap();
+    let paused = audit.pause_writer_for_tests();
+    for id in ["first", "second"] {
+        assert_eq!(post(addr, "/v1/classify", id, json!({"text": BENIGN})).await.status, StatusCode::OK);
+    }
+    drop(paused);
+    audit.flush();
+    assert_eq!((records(&dir, "first").len(), records(&dir, "second").len()), (1, 0));
+    assert_eq!(gateway.metrics.audit_dropped.get(), 1);
+    let reply = common::send(addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&reply.body);
+    assert!(text.contains("tiergate_audit_dropped_total 1") && text.contains("tiergate_audit_queue_depth 0"), "{text}");
+}
+
+/// A free loopback port.
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_commits_every_queued_record() {
+    let dir = scratch("sigterm");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (public, admin) = (free_port(), free_port());
+    let repo = common::repo();
+    // An hour between flushes: only the shutdown flush can commit these records.
+    let config = format!(
+        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
+         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n\
+         flush_max_records = 100000\n",
+        repo.join("models").display(),
+        repo.join("policies").display(),
+        dir.join("audit").display()
+    );
+    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["serve", "--config"])
+        .arg(dir.join("tiergate.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = Instant::now();
+    while std::net::TcpStream::connect(public).is_err() {
+        assert!(up.elapsed() < Duration::from_secs(60), "tiergate did not start");
+        assert!(child.try_wait().unwrap().is_none(), "tiergate exited at start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let k = 25;
+    for i in 0..k {
+        let reply = post(public, "/v1/classify", &format!("term-{i}"), json!({"text": BENIGN})).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    assert_eq!(count(&dir.join("audit")), 0, "nothing is committed before the flush interval");
+    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(term.success());
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(30), "tiergate did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(count(&dir.join("audit")), k, "every answered request's record was committed at shutdown");
+    for i in 0..k {
+        assert_eq!(records(&dir.join("audit"), &format!("term-{i}")).len(), 1);
+    }
+}

@@ -10,6 +10,7 @@
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
 pub mod action;
+pub mod audit;
 pub mod balance;
 pub mod calibrate;
 pub mod complexity;

@@ -19,8 +19,12 @@ pub struct KafkaConfig {
     pub replication_factor: i16,
     /// Compression of produced record batches.
     pub compression: KafkaCompression,
-    /// Records taken from the outbox and produced per round trip.
+    /// Records taken from the outbox per round trip.
     pub batch_records: usize,
+    /// Bound on one produce request's records (key + value bytes, before compression); keep it
+    /// below the topic's `max.message.bytes` (1 MB by default). A record larger than this is
+    /// sent alone.
+    pub batch_bytes: usize,
     /// Wait between polls of the outbox when it is empty.
     pub poll_interval_ms: u64,
     /// Bound on one produce (or connect) round trip, including the client's own retries.
@@ -49,6 +53,7 @@ impl Default for KafkaConfig {
             replication_factor: 1,
             compression: KafkaCompression::None,
             batch_records: 500,
+            batch_bytes: 900_000,
             poll_interval_ms: 200,
             request_timeout_ms: 10_000,
             backoff_initial_ms: 100,
@@ -142,6 +147,7 @@ impl KafkaConfig {
             ("partitions", self.partitions.max(0) as u64),
             ("replication_factor", self.replication_factor.max(0) as u64),
             ("batch_records", self.batch_records as u64),
+            ("batch_bytes", self.batch_bytes as u64),
             ("poll_interval_ms", self.poll_interval_ms),
             ("request_timeout_ms", self.request_timeout_ms),
             ("backoff_initial_ms", self.backoff_initial_ms),
@@ -213,6 +219,8 @@ mod tests {
             ("topic = \"a b\"", "audit.kafka.topic"),
             ("partitions = 0", "audit.kafka.partitions"),
             ("batch_records = 0", "audit.kafka.batch_records"),
+            ("batch_bytes = 0", "audit.kafka.batch_bytes"),
+            ("batch_bytes = -1", "batch_bytes"),
             ("backoff_max_ms = 10", "audit.kafka.backoff_max_ms"),
             ("tls = { ca = \"ca.pem\" }", "audit.kafka.tls"),
             ("tls = true", "audit.kafka.tls"),

@@ -13,6 +13,9 @@ pub struct KafkaMetrics {
     pub shipped: Counter,
     /// `tiergate_audit_kafka_errors_total`: failed connects and produce round trips.
     pub errors: Counter,
+    /// `tiergate_audit_kafka_rejected_total`: records the broker refused for good (too large,
+    /// invalid); they stay in the local store and are not retried.
+    pub rejected: Counter,
     /// `tiergate_audit_kafka_up`: 1 while the last round trip to the broker succeeded.
     pub up: Gauge,
     /// `tiergate_audit_kafka_backlog_records`: outbox records waiting to be shipped, as of the
@@ -33,6 +36,11 @@ impl KafkaMetrics {
             "audit_kafka_errors",
             "Failed connects and produce round trips to Kafka (each retry counts)",
             metrics.errors.clone(),
+        );
+        registry.register(
+            "audit_kafka_rejected",
+            "Audit records the Kafka broker refused for good (too large, invalid); kept in the local store only",
+            metrics.rejected.clone(),
         );
         registry.register("audit_kafka_up", "1 while the Kafka broker answers the audit shipper", metrics.up.clone());
         registry.register(

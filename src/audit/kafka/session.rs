@@ -23,10 +23,20 @@ pub struct Session {
 }
 
 /// Records produced by one [`Session::produce`], and the error that stopped it, if any.
+#[derive(Default)]
 pub struct Produced {
     /// Outbox ids the broker acknowledged.
     pub acked: Vec<i64>,
+    /// Records the broker refused for good (e.g. larger than its `message.max.bytes`).
+    pub rejected: Vec<Rejected>,
     pub error: Option<String>,
+}
+
+/// A record the broker refused, with its reason (the Kafka protocol error).
+pub struct Rejected {
+    pub id: i64,
+    pub request_id: String,
+    pub reason: String,
 }
 
 impl Session {
@@ -67,33 +77,106 @@ impl Session {
         Ok(Session { _client: client, partitions })
     }
 
-    /// Produces `batch` (grouped by partition, one request per partition) and returns what
-    /// was acknowledged; stops at the first failed request.
+    /// Produces `batch`: grouped by partition, in requests of at most `batch_bytes` (key +
+    /// value, uncompressed) each. Returns what was acknowledged and what the broker refused for
+    /// good; stops at the first failed request.
     pub async fn produce(&self, batch: Vec<Pending>, config: &KafkaConfig) -> Produced {
-        let timeout = Duration::from_millis(config.request_timeout_ms);
-        let mut groups: BTreeMap<usize, (Vec<i64>, Vec<Record>)> = BTreeMap::new();
+        let mut groups: BTreeMap<usize, Vec<Pending>> = BTreeMap::new();
         for pending in batch {
-            let group = groups.entry(partition_for(pending.key.as_bytes(), self.partitions.len())).or_default();
-            group.0.push(pending.id);
-            group.1.push(record(pending));
+            groups.entry(partition_for(pending.key.as_bytes(), self.partitions.len())).or_default().push(pending);
         }
-        let mut acked = Vec::new();
-        for (partition, (ids, records)) in groups {
-            let client = &self.partitions[partition];
-            let error = match tokio::time::timeout(timeout, client.produce(records, config.compression.codec())).await {
-                Ok(Ok(_offsets)) => None,
-                Ok(Err(e)) => Some(format!("producing to {}/{partition}: {e}", config.topic)),
-                Err(_) => {
-                    Some(format!("producing to {}/{partition}: no acknowledgement within {timeout:?}", config.topic))
+        let mut out = Produced::default();
+        for (partition, pendings) in groups {
+            for chunk in chunks(&pendings, config.batch_bytes) {
+                if let Err(error) = self.produce_chunk(partition, chunk, config, &mut out).await {
+                    out.error = Some(error);
+                    return out;
                 }
-            };
-            if error.is_some() {
-                return Produced { acked, error };
             }
-            acked.extend(ids);
         }
-        Produced { acked, error: None }
+        out
     }
+
+    /// One request; when the broker refuses the batch for its content (too large, invalid), each
+    /// record is tried alone so that one bad record does not hold back the others.
+    async fn produce_chunk(
+        &self,
+        partition: usize,
+        chunk: &[Pending],
+        config: &KafkaConfig,
+        out: &mut Produced,
+    ) -> Result<(), String> {
+        match self.send(partition, chunk, config).await {
+            Ok(()) => out.acked.extend(chunk.iter().map(|p| p.id)),
+            Err(Sent::Refused(reason)) if chunk.len() == 1 => {
+                out.rejected.push(Rejected { id: chunk[0].id, request_id: chunk[0].key.clone(), reason })
+            }
+            Err(Sent::Refused(_)) => {
+                for one in chunk.chunks(1) {
+                    Box::pin(self.produce_chunk(partition, one, config, out)).await?;
+                }
+            }
+            Err(Sent::Failed(error)) => return Err(error),
+        }
+        Ok(())
+    }
+
+    async fn send(&self, partition: usize, chunk: &[Pending], config: &KafkaConfig) -> Result<(), Sent> {
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        let records = chunk.iter().map(record).collect();
+        let produce = self.partitions[partition].produce(records, config.compression.codec());
+        match tokio::time::timeout(timeout, produce).await {
+            Ok(Ok(_offsets)) => Ok(()),
+            Ok(Err(e)) => match refusal(&e) {
+                Some(protocol_error) => Err(Sent::Refused(protocol_error.to_string())),
+                None => Err(Sent::Failed(format!("producing to {}/{partition}: {e}", config.topic))),
+            },
+            Err(_) => Err(Sent::Failed(format!(
+                "producing to {}/{partition}: no acknowledgement within {timeout:?}",
+                config.topic
+            ))),
+        }
+    }
+}
+
+/// How a request failed: the broker refused its records for good, or anything else (retried).
+enum Sent {
+    Refused(String),
+    Failed(String),
+}
+
+/// The protocol error when the broker refuses the records themselves (retrying cannot help).
+fn refusal(error: &ClientError) -> Option<ProtocolError> {
+    match error {
+        ClientError::ServerError {
+            protocol_error:
+                e @ (ProtocolError::MessageTooLarge
+                | ProtocolError::RecordListTooLarge
+                | ProtocolError::InvalidRecord
+                | ProtocolError::CorruptMessage),
+            ..
+        } => Some(*e),
+        _ => None,
+    }
+}
+
+/// Consecutive runs of `pendings` of at most `max_bytes` of key + value each (a record larger
+/// than that alone).
+fn chunks(pendings: &[Pending], max_bytes: usize) -> Vec<&[Pending]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, p) in pendings.iter().enumerate() {
+        let size = p.key.len() + p.payload.len();
+        if i > start && bytes + size > max_bytes {
+            out.push(&pendings[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < pendings.len() {
+        out.push(&pendings[start..]);
+    }
+    out
 }
 
 /// Creates the topic unless it exists; returns its partition count.
@@ -133,15 +216,15 @@ pub fn partition_for(key: &[u8], partitions: usize) -> usize {
 
 /// The Kafka record of an outbox record: key the request id, value the record's JSON, time
 /// the decision's `unix_ms` (the ship time if the JSON has none).
-fn record(pending: Pending) -> Record {
+fn record(pending: &Pending) -> Record {
     #[derive(serde::Deserialize)]
     struct Time {
         unix_ms: Option<i64>,
     }
     let unix_ms = serde_json::from_slice::<Time>(&pending.payload).ok().and_then(|t| t.unix_ms).unwrap_or_else(now_ms);
     Record {
-        key: Some(pending.key.into_bytes()),
-        value: Some(pending.payload),
+        key: Some(pending.key.clone().into_bytes()),
+        value: Some(pending.payload.clone()),
         headers: BTreeMap::new(),
         timestamp: DateTime::<Utc>::from_timestamp_millis(unix_ms).unwrap_or_default(),
     }
@@ -162,5 +245,35 @@ mod tests {
         assert_eq!(murmur2::murmur2(b"21", KAFKA_MURMUR2_SEED) as i32, -973932308);
         assert_eq!(murmur2::murmur2(b"foobar", KAFKA_MURMUR2_SEED) as i32, -790332482);
         assert_eq!(partition_for(b"anything", 1), 0);
+    }
+
+    fn pending(id: i64, bytes: usize) -> Pending {
+        Pending { id, key: format!("r{id}"), payload: vec![b'x'; bytes - 2] }
+    }
+
+    #[test]
+    fn batches_are_cut_at_batch_bytes_and_an_oversized_record_goes_alone() {
+        let batch: Vec<Pending> =
+            [400, 400, 400, 1500, 100, 100].iter().zip(1..).map(|(b, id)| pending(id, *b)).collect();
+        let ids = |chunks: Vec<&[Pending]>| -> Vec<Vec<i64>> {
+            chunks.iter().map(|c| c.iter().map(|p| p.id).collect()).collect()
+        };
+        assert_eq!(ids(chunks(&batch, 1000)), [vec![1, 2], vec![3], vec![4], vec![5, 6]]);
+        assert_eq!(ids(chunks(&batch, 1_000_000)), [vec![1, 2, 3, 4, 5, 6]]);
+        assert!(chunks(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn only_content_errors_count_as_refusals() {
+        let server = |protocol_error| ClientError::ServerError {
+            protocol_error,
+            error_message: None,
+            request: rskafka::client::error::RequestContext::Topic("t".into()),
+            response: None,
+            is_virtual: false,
+        };
+        assert_eq!(refusal(&server(ProtocolError::MessageTooLarge)), Some(ProtocolError::MessageTooLarge));
+        assert_eq!(refusal(&server(ProtocolError::NotLeaderOrFollower)), None);
+        assert_eq!(refusal(&server(ProtocolError::UnknownTopicOrPartition)), None);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::config::KafkaConfig;
 use super::metrics::KafkaMetrics;
-use super::session::Session;
+use super::session::{Produced, Session};
 use crate::audit::outbox::Outbox;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,22 +100,37 @@ impl Shipper {
             None => Session::connect(&self.config).await.map_err(Failure::Broker)?,
         };
         let produced = session.produce(batch, &self.config).await;
-        let acked = produced.acked.len();
-        if acked > 0 {
-            self.metrics.shipped.inc_by(acked as u64);
-            let ids = produced.acked;
-            // A failure here re-ships these records later: at least once, never lost.
-            self.blocking(move |outbox| outbox.mark_shipped(&ids)).await.map_err(Failure::Outbox)?;
-            self.metrics.backlog.set(backlog.saturating_sub(acked as u64) as i64);
-        }
+        let done = self.settle(&produced).await?;
+        self.metrics.backlog.set(backlog.saturating_sub(done as u64) as i64);
         if let Some(error) = produced.error {
             // Dropped: the next round reconnects and re-reads the topic's metadata (the
             // topic may be gone, e.g. a broker restarted without its data).
             return Err(Failure::Broker(error));
         }
         self.session = Some(session);
-        self.connected(backlog.saturating_sub(acked as u64));
-        Ok(acked)
+        self.connected(backlog.saturating_sub(done as u64));
+        Ok(done)
+    }
+
+    /// Marks what the broker acknowledged, and what it refused for good (logged and counted:
+    /// retrying cannot ship it, and it would hold back every later record), as shipped.
+    async fn settle(&self, produced: &Produced) -> Result<usize, Failure> {
+        for r in &produced.rejected {
+            tracing::error!(
+                request_id = %r.request_id,
+                reason = %r.reason,
+                "audit kafka: the broker refused a record; it stays in the local store only"
+            );
+        }
+        self.metrics.shipped.inc_by(produced.acked.len() as u64);
+        self.metrics.rejected.inc_by(produced.rejected.len() as u64);
+        let ids: Vec<i64> = produced.acked.iter().copied().chain(produced.rejected.iter().map(|r| r.id)).collect();
+        let done = ids.len();
+        if done > 0 {
+            // A failure here re-ships these records later: at least once, never lost.
+            self.blocking(move |outbox| outbox.mark_shipped(&ids)).await.map_err(Failure::Outbox)?;
+        }
+        Ok(done)
     }
 
     async fn backlog(&self) -> anyhow::Result<u64> {

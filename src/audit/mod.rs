@@ -10,9 +10,10 @@
 //!
 //! Files by concern: [`config`] (`[audit]`), [`record`] (the record), [`text`] (hash and
 //! redaction), `key` (the HMAC key), [`store`] (SQLite, retention), `writer` (the thread),
-//! [`outbox`] (what a sink reads), [`query`] (filters for `tiergate audit`).
+//! [`outbox`] (what a sink reads), [`kafka`] (the Kafka sink), [`query`] (filters for `tiergate audit`).
 
 pub mod config;
+pub mod kafka;
 mod key;
 pub mod outbox;
 pub mod query;

@@ -5,7 +5,8 @@
 # stub apps, while benches/soak.py injects faults every minute (app 500s, app down, policy
 # edits valid and invalid, a flood past max_concurrent_requests, slow clients). Passes when no
 # request failed other than intended sheds (429/503 with Retry-After) and the app's own relayed
-# 500s, and the server's RSS grew less than 5 % after the first minute.
+# 500s, and the server's RSS grew less than 5 % after the warm-up (SOAK_WARMUP, 300 s: five
+# fault cycles; see benches/soak.py).
 #
 #   cargo build --release && benches/soak.sh            # report in target/soak/<time>/
 #   SOAK_DURATION=120 SOAK_RATE=50 benches/soak.sh      # a short try
@@ -49,5 +50,5 @@ for _ in $(seq 1 300); do
 done
 echo "soak: tiergate pid $PID on :$PORT, apps :$APP_A :$APP_B, ${SOAK_DURATION:-600} s at ${SOAK_RATE:-100}/s; output in $OUT" >&2
 python3 benches/soak.py --port "$PORT" --apps "$APP_A,$APP_B" --pid "$PID" \
-  --policy-file "$OUT/policies/rules.toml" --rate "${SOAK_RATE:-100}" --duration "${SOAK_DURATION:-600}" \
+  --policy-file "$OUT/policies/rules.toml" --rate "${SOAK_RATE:-100}" --duration "${SOAK_DURATION:-600}" --warmup "${SOAK_WARMUP:-300}" \
   --json "$OUT/report.json" | tee "$OUT/report.txt"

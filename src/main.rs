@@ -231,8 +231,11 @@ fn serve(
         let _ = stop_admin.send(());
         let _ = admin_task.await;
         // The listeners are drained: commit every queued audit record before exiting.
+        // Then the Kafka shipper ships what is left.
         if let Some(audit) = audit {
-            let _ = tokio::task::spawn_blocking(move || audit.close()).await;
+            let writer = Arc::clone(&audit);
+            let _ = tokio::task::spawn_blocking(move || writer.close()).await;
+            audit.stop_sink().await;
         }
         Ok(())
     })

@@ -302,6 +302,12 @@ impl Metrics {
         }
     }
 
+    /// The registry, for components that register their own metrics at start (the Kafka
+    /// shipper); names get the `tiergate_` prefix.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut out = String::new();

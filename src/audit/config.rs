@@ -1,6 +1,7 @@
 //! `[audit]`: where the audit trail is kept, how it records text, how its queue and writer
 //! behave, and how large and old it may grow.
 
+use super::kafka::KafkaConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -61,6 +62,9 @@ pub struct AuditConfig {
     pub max_age_days: u64,
     /// How often retention runs, ms.
     pub retention_interval_ms: u64,
+    /// `[audit.kafka]`: ship the trail to a Kafka topic (the store is the outbox); absent: the
+    /// trail stays local.
+    pub kafka: Option<KafkaConfig>,
 }
 
 impl Default for AuditConfig {
@@ -77,6 +81,7 @@ impl Default for AuditConfig {
             max_bytes: 1 << 30,
             max_age_days: 90,
             retention_interval_ms: 60_000,
+            kafka: None,
         }
     }
 }
@@ -101,6 +106,9 @@ impl AuditConfig {
         }
         if self.key.is_some() && self.key_file.is_some() {
             return Err("set `audit.key` or `audit.key_file`, not both".into());
+        }
+        if let Some(kafka) = &self.kafka {
+            kafka.validate("audit.kafka")?;
         }
         Ok(())
     }

@@ -73,16 +73,20 @@ pub struct Audit {
     outbox: Arc<SqliteOutbox>,
     backlog: Arc<Backlog>,
     shipping: bool,
+    /// The Kafka shipper (`[audit.kafka]`): its stop signal and task.
+    sink: Option<(tokio::sync::watch::Sender<bool>, Mutex<Option<tokio::task::JoinHandle<()>>>)>,
 }
 
 impl Audit {
     /// Opens the store in `config.dir` (creating it), loads the HMAC key (for `text = "hash"`)
-    /// and starts the writer. `shipping`: a sink ships the trail, so retention deletes shipped
-    /// records first and `tiergate_audit_backlog` counts what waits for it.
+    /// and starts the writer; with `[audit.kafka]` also the shipper (on the current tokio
+    /// runtime), and then retention deletes shipped records first and `tiergate_audit_backlog`
+    /// counts what waits for it.
     ///
     /// Errors: the directory or database cannot be created or opened, the key is missing,
     /// unreadable or short (naming the key).
-    pub fn open(config: &AuditConfig, metrics: &Metrics, shipping: bool) -> anyhow::Result<Audit> {
+    pub fn open(config: &AuditConfig, metrics: &Metrics, kafka_metrics: kafka::KafkaMetrics) -> anyhow::Result<Audit> {
+        let shipping = config.kafka.is_some();
         config.validate().map_err(anyhow::Error::msg)?;
         let store = store::Store::open(&config.dir)?;
         let key = if config.text == TextMode::Hash { key::load(config)? } else { Vec::new() };
@@ -110,7 +114,24 @@ impl Audit {
         };
         let handle = std::thread::Builder::new().name("tiergate-audit".into()).spawn(move || writer.run())?;
         tracing::info!(dir = %config.dir.display(), text = ?config.text, on_full = ?config.on_full, "audit trail on");
-        Ok(Audit { tx, on_full: config.on_full, metrics, writer: Mutex::new(Some(handle)), outbox, backlog, shipping })
+        let sink = config.kafka.clone().map(|kafka| {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let outbox = Arc::clone(&outbox) as Arc<dyn Outbox>;
+            (stop, Mutex::new(Some(kafka::spawn(kafka, outbox, kafka_metrics, stopped))))
+        });
+        Ok(Audit { tx, on_full: config.on_full, metrics, writer: Mutex::new(Some(handle)), outbox, backlog, shipping, sink })
+    }
+
+    /// For shutdown, after [`Audit::close`]: the Kafka shipper ships what is left (for at most
+    /// its `drain_timeout_ms`) and stops. Records it could not ship stay in the store and go out
+    /// after the next start. Idempotent; nothing to do without a sink.
+    pub async fn stop_sink(&self) {
+        let Some((stop, task)) = &self.sink else { return };
+        let _ = stop.send(true);
+        let task = task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
     }
 
     /// Queues a record on the request path. Under `on_full = "block"` a full queue is an

@@ -48,9 +48,9 @@ impl Gateway {
         });
         let signals = SignalsHub::new(config.signals);
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
-        let metrics = Metrics::new();
-        // No sink ships the trail yet: retention deletes oldest first regardless of `shipped`.
-        let audit = config.audit.map(|c| crate::audit::Audit::open(c, &metrics, false).map(Arc::new)).transpose()?;
+        let mut metrics = Metrics::new();
+        let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
+        let audit = config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,

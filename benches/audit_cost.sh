@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The audit trail's cost under load, audit off and on side by side in one run (issue 14):
+#
+# 1. builds tiergate and the open-loop load generator (benches/openloop.rs);
+# 2. finds today's maximum short-message rate with the audit trail off: an open-loop sweep over
+#    AUDIT_SWEEP (requests/s) on tests/data/ood_short.jsonl; the highest rate that is sustained
+#    (no errors, goodput >= 99 % of offered, p99 < 50 ms) is MAX (or set AUDIT_MAX to skip it);
+# 3. at AUDIT_LOAD (0.8) x MAX, runs the server AUDIT_REPEATS (3) times with the trail off and
+#    on, alternating (off on off on ...), a fresh server and store each time, AUDIT_DURATION (10)
+#    measured seconds after 2 s of warm-up: goodput, p50/p99 and the server's CPU ms per request;
+# 4. after each run with the trail on: SIGTERM (which flushes the trail), then counts the records
+#    in the store — all, distinct request ids, kind "classify" — against the /v1/classify 200s that
+#    tiergate itself counted (`tiergate_http_responses_total{code="200"}`, read before the stop);
+#    every answered request must have exactly one record;
+# 5. prints one table (and writes it to target/audit_cost/<time>/report.md).
+#
+# Throughput cost: at a rate below saturation both servers answer everything, so the cost shows
+# as CPU per request; on this CPU-bound path the sustainable rate scales with its inverse, so
+# cost = cpu_on / cpu_off - 1.
+#
+#   benches/audit_cost.sh                       # about 3 minutes after the build
+#   AUDIT_MAX=400 AUDIT_REPEATS=5 benches/audit_cost.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+OUT="$ROOT/target/audit_cost/$(date -u +%Y%m%d-%H%M%S)"
+mkdir -p "$OUT"
+SWEEP="${AUDIT_SWEEP:-200,250,300,350,400,450,500,550,600}"
+LOAD="${AUDIT_LOAD:-0.8}"
+REPEATS="${AUDIT_REPEATS:-3}"
+DURATION="${AUDIT_DURATION:-10}"
+DATA="$ROOT/tests/data/ood_short.jsonl"
+log() { echo "[audit_cost $(date +%H:%M:%S)] $*" >&2; }
+
+log "building"
+cargo build --release --bin tiergate >&2
+OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "openloop": print(m["executable"])' | tail -1)"
+[[ -x "$OPENLOOP" ]] || { log "the openloop bench binary was not built"; exit 1; }
+BIN="$ROOT/target/release/tiergate"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+PID=""
+start_server() {  # audit: on|off; sets PORT ADMIN PID DIR
+  local audit=$1
+  PORT=$(free_port); ADMIN=$(free_port); DIR="$OUT/run-$RANDOM"
+  mkdir -p "$DIR"
+  {
+    echo "[server]"; echo "listen = \"127.0.0.1:$PORT\""
+    echo "[admin]"; echo "listen = \"127.0.0.1:$ADMIN\""
+    echo "[model]"; echo "dir = \"$ROOT/models\""
+    echo "[policies]"; echo "dir = \"$ROOT/policies\""; echo "watch = false"
+    if [[ $audit == on ]]; then echo "[audit]"; echo "dir = \"$DIR/audit\""; fi
+  } > "$DIR/tiergate.toml"
+  "$BIN" serve --config "$DIR/tiergate.toml" > "$DIR/tiergate.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  log "tiergate did not become ready: $DIR/tiergate.log"; exit 1
+}
+stop_server() {
+  kill -TERM "$PID" 2>/dev/null || true
+  wait "$PID" 2>/dev/null || true
+  PID=""
+}
+trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; true' EXIT
+
+MAX="${AUDIT_MAX:-}"
+if [[ -z "$MAX" ]]; then
+  log "sweep with the audit trail off: $SWEEP /s"
+  start_server off
+  "$OPENLOOP" --url "http://127.0.0.1:$PORT/v1/classify" --data "$DATA" --rates "$SWEEP" \
+    --duration 5 --warmup 1.5 --label sweep --json "$OUT/sweep.jsonl" --stop-on-saturation >&2 || true
+  stop_server
+  MAX=$(python3 -c '
+import json, sys
+rates = [j["offered_rps"] for j in map(json.loads, open(sys.argv[1])) if j["sustained"]]
+print(int(max(rates)) if rates else 0)' "$OUT/sweep.jsonl")
+  [[ "$MAX" -gt 0 ]] || { log "no sustained rate in the sweep ($OUT/sweep.jsonl)"; exit 1; }
+fi
+RATE=$(python3 -c "print(round($MAX * $LOAD))")
+log "maximum sustained short rate $MAX/s; measuring at $RATE/s, $REPEATS x (off, on)"
+
+for i in $(seq 1 "$REPEATS"); do
+  for audit in off on; do
+    start_server "$audit"
+    "$OPENLOOP" --url "http://127.0.0.1:$PORT/v1/classify" --data "$DATA" --rate "$RATE" \
+      --duration "$DURATION" --warmup 2 --label "audit-$audit-$i" --pid "$PID" --json "$OUT/results.jsonl" >&2
+    answered=$(curl -s "http://127.0.0.1:$ADMIN/metrics" | python3 -c '
+import re, sys
+print(sum(int(float(m.group(1))) for m in re.finditer(r"^tiergate_http_responses_total\{[^}]*status=\"200\"[^}]*\} (\S+)", sys.stdin.read(), re.M)))')
+    stop_server
+    if [[ $audit == on ]]; then
+      python3 - "$DIR/audit/audit.db" "$answered" "audit-$audit-$i" >> "$OUT/records.jsonl" <<'PY'
+import json, sqlite3, sys
+db, answered, label = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = sqlite3.connect(db)
+total, distinct = c.execute("select count(*), count(distinct request_id) from records").fetchone()
+classify = c.execute("select count(*) from records where kind = 'classify'").fetchone()[0]
+print(json.dumps({"label": label, "answered_200": answered, "records": total, "distinct_request_ids": distinct, "classify_records": classify}))
+PY
+    fi
+  done
+done
+
+python3 - "$OUT" "$MAX" "$RATE" <<'PY' | tee "$OUT/report.md"
+import json, statistics, sys
+out, top, rate = sys.argv[1], sys.argv[2], sys.argv[3]
+runs = [json.loads(l) for l in open(f"{out}/results.jsonl")]
+recs = {r["label"]: r for r in map(json.loads, open(f"{out}/records.jsonl"))}
+print(f"Audit trail cost at {rate}/s (0.8 x the maximum sustained short rate {top}/s), short texts, one run:\n")
+print("| run | offered/s | goodput/s | p50 ms | p99 ms | server CPU ms/req | answered 200 | records | distinct ids |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in runs:
+    rec = recs.get(r["label"], {})
+    print(f"| {r['label']} | {r['offered_rps']:.0f} | {r['goodput_rps']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+          f"{r['server_cpu_ms_per_req']} | {rec.get('answered_200', '-')} | {rec.get('records', '-')} | {rec.get('distinct_request_ids', '-')} |")
+def med(on, key):
+    return statistics.median(r[key] for r in runs if r["label"].startswith(f"audit-{on}-"))
+cpu_off, cpu_on = med("off", "server_cpu_ms_per_req"), med("on", "server_cpu_ms_per_req")
+print(f"\nmedians: goodput off {med('off', 'goodput_rps'):.1f} / on {med('on', 'goodput_rps'):.1f} /s; "
+      f"p99 off {med('off', 'p99_ms'):.2f} / on {med('on', 'p99_ms'):.2f} ms (+{med('on', 'p99_ms') - med('off', 'p99_ms'):.2f}); "
+      f"CPU per request off {cpu_off:.3f} / on {cpu_on:.3f} ms: throughput cost {100 * (cpu_on / cpu_off - 1):+.1f} %")
+exact = all(r["records"] == r["distinct_request_ids"] == r["classify_records"] == r["answered_200"] for r in recs.values())
+print("every answered request has exactly one record: " + ("yes" if exact else "NO"))
+PY

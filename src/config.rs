@@ -4,6 +4,7 @@
 //! are resolved against the file's own directory, so the bundled config works from any
 //! working directory. Unknown keys are errors: a typo must not silently keep a default.
 
+use crate::drift::DriftConfig;
 use crate::gateway::{AdmissionConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
@@ -45,6 +46,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
+    /// The live drift monitor.
+    pub drift: DriftConfig,
     /// The app client settings for `routes`.
     pub proxy: ProxyConfig,
     /// Reverse-proxy routes, matched in order before tiergate's own endpoints.
@@ -62,6 +65,7 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             admin: AdminConfig::default(),
             shadow: ShadowConfig::default(),
+            drift: DriftConfig::default(),
             proxy: Default::default(),
             routes: Vec::new(),
         }
@@ -84,6 +88,7 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
+        config.drift.reference = config.drift.reference.map(|d| base.join(d));
         for route in &mut config.routes {
             if let Some(screen) = &mut route.screen {
                 screen.policy = screen.policy.take().map(|d| normal(base.join(d)));
@@ -117,6 +122,7 @@ impl Config {
             signals: &self.signals,
             admission: &self.admission,
             shadow: &self.shadow,
+            drift: &self.drift,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
         }
     }
@@ -162,6 +168,7 @@ impl Config {
         if self.gpu.backend == GpuBackend::Upstream {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
+        self.drift.validate()?;
         crate::proxy::validate(&self.proxy, &self.routes)?;
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());

@@ -48,19 +48,23 @@ impl Gateway {
         });
         let signals = SignalsHub::new(config.signals);
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
+        let metrics = Metrics::new();
+        let drift =
+            crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
             gpu,
             policies: PolicyStore::new(policy),
             route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
-            metrics: Metrics::new(),
+            metrics,
             signals,
             tenants,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
             shadow: Shadow::start(config.shadow)?,
             gpu_below: Mutex::new(Default::default()),
+            drift,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -68,6 +68,8 @@ pub struct Gateway {
     /// Keeps the policy directory watches (live and shadow) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
+    /// The live drift monitor, fed every finished decision (`None`: off).
+    pub drift: Option<Arc<crate::drift::Monitor>>,
     /// The gpu limits the last snapshot was below (their hysteresis, [`select::gpu_below`]).
     gpu_below: Mutex<Below>,
 }
@@ -191,6 +193,7 @@ impl Gateway {
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
         let rating = self.rate(&policy, &req, &snapshot);
         let canonical = Arc::clone(&rating.text);
+        let lang = rating.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
         if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
             if decision.path[0].tier == TierName::Cpu {
@@ -198,6 +201,9 @@ impl Gateway {
             }
         }
         let decision = self.finish(decision, request_id, &policy, explain, started);
+        if let Some(drift) = &self.drift {
+            drift.observe(&decision, &req.text, &lang);
+        }
         let shadow = match &self.shadow {
             Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {
                 let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());

@@ -22,6 +22,7 @@ pub mod gateway;
 pub mod ingress;
 pub mod metrics;
 pub mod ort_lib;
+pub mod plot;
 pub mod policy;
 pub mod proxy;
 pub mod request;

@@ -93,6 +93,11 @@ enum Command {
         #[arg(long)]
         policies: Option<PathBuf>,
     },
+    /// Compare decisions (audit records as JSON lines) with the model's drift reference: the
+    /// two-sample Kolmogorov–Smirnov statistic per numeric signal (risk score, OOD score, text
+    /// length) and the total variation distance of the language shares; `--plot` draws the
+    /// ECDFs. `tiergate drift reference` makes the reference from a validation file.
+    Drift(cli::drift::DriftArgs),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -129,6 +134,7 @@ fn main() -> std::process::ExitCode {
                 tier,
             })
         }
+        Command::Drift(args) => cli::drift::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -1,3 +1,4 @@
 //! The longer commands of the `tiergate` binary (not part of the library).
 
 pub mod calibrate;
+pub mod drift;

@@ -75,6 +75,9 @@ enum Command {
         /// Write even a fit that does not improve on the current temperature.
         #[arg(long, requires = "write")]
         force: bool,
+        /// Draw the reliability diagram before (T = 1) and after (fitted T) scaling into this SVG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Decide one text without a server and explain the routing: complexity contributions, the
     /// signals snapshot, and the reason for every tier choice. Prints the decision as JSON.
@@ -124,7 +127,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config, listen, policies, models, admin_listen } => {
             serve(config, listen, policies, models, admin_listen)
         }
-        Command::Calibrate { input, config, models, tier, bins, write, force } => {
+        Command::Calibrate { input, config, models, tier, bins, write, force, plot } => {
             cli::calibrate::run(cli::calibrate::Args {
                 input,
                 config,
@@ -132,6 +135,7 @@ fn main() -> std::process::ExitCode {
                 bins: bins as usize,
                 write: write.map(|p| (p, force)),
                 tier,
+                plot,
             })
         }
         Command::Drift(args) => cli::drift::run(args),

@@ -56,7 +56,8 @@ pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
         chart.caption(&panel.title, ("sans-serif", 16)).margin(12).x_label_area_size(36).y_label_area_size(44);
         let series = [(panel.reference, "reference", BLUE), (panel.live, "live", RED)];
         if panel.log_x {
-            let mut c = chart.build_cartesian_2d((lo.max(1.0)..hi.max(2.0)).log_scale(), 0f64..1f64).map_err(plot_err)?;
+            let mut c =
+                chart.build_cartesian_2d((lo.max(1.0)..hi.max(2.0)).log_scale(), 0f64..1f64).map_err(plot_err)?;
             c.configure_mesh().x_desc(panel.x_label).y_desc("ECDF").draw().map_err(plot_err)?;
             for (sample, name, color) in series {
                 let pts = steps(sample).into_iter().map(|(x, y)| (x.max(1.0), y));
@@ -65,7 +66,12 @@ pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
                     .label(format!("{name} (n = {})", sample.len()))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             }
-            c.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.8)).draw().map_err(plot_err)?;
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()
+                .map_err(plot_err)?;
         } else {
             let mut c = chart.build_cartesian_2d(lo..hi, 0f64..1f64).map_err(plot_err)?;
             c.configure_mesh().x_desc(panel.x_label).y_desc("ECDF").draw().map_err(plot_err)?;
@@ -75,7 +81,12 @@ pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
                     .label(format!("{name} (n = {})", sample.len()))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             }
-            c.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.8)).draw().map_err(plot_err)?;
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()
+                .map_err(plot_err)?;
         }
     }
     root.present().map_err(plot_err)

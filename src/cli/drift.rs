@@ -64,7 +64,14 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
     let reference = Reference::load(&path)?;
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let live = read_records(&input, since)?;
-    println!("{} decisions from {} against {} ({} rows of {})", live.len(), input.display(), path.display(), reference.samples.risk_score.len(), reference.made_from);
+    println!(
+        "{} decisions from {} against {} ({} rows of {})",
+        live.len(),
+        input.display(),
+        path.display(),
+        reference.samples.risk_score.len(),
+        reference.made_from
+    );
     println!("{:<11} {:>4} {:>7} {:>7} {:>9} {:>10}", "signal", "", "n", "n ref", "distance", "p-value");
     for s in compare(&reference, &live) {
         let (what, d) = (if s.measure == Measure::Ks { "KS" } else { "TVD" }, s.distance.unwrap_or(f64::NAN));
@@ -113,7 +120,11 @@ fn read_records(path: &Path, since: Option<u64>) -> anyhow::Result<Vec<Observati
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let r: Record = serde_json::from_str(line).with_context(|| {
-            format!("{}:{}: expected an audit record (unix_ms, risk_score, ood_score, text_chars, lang)", path.display(), i + 1)
+            format!(
+                "{}:{}: expected an audit record (unix_ms, risk_score, ood_score, text_chars, lang)",
+                path.display(),
+                i + 1
+            )
         })?;
         if r.kind.as_deref() != Some("shadow") && since.is_none_or(|s| r.unix_ms >= s) {
             out.push(r.observation);
@@ -166,7 +177,8 @@ fn make_reference(data: &Path, out: &Path, config: Option<PathBuf>) -> anyhow::R
         let mut samples = reference::Samples::default();
         let mut language = std::collections::BTreeMap::<String, u64>::new();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let row: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{}:{}", data.display(), i + 1))?;
+            let row: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{}:{}", data.display(), i + 1))?;
             let t = row["text"].as_str().with_context(|| format!("{}:{}: no \"text\"", data.display(), i + 1))?;
             // Without time pressure: the reference is what the model says, not this machine's load.
             let deadline = Duration::from_millis(config.server.max_deadline_ms);
@@ -194,6 +206,11 @@ fn make_reference(data: &Path, out: &Path, config: Option<PathBuf>) -> anyhow::R
         })
     })?;
     reference.write(out)?;
-    println!("wrote {} ({} rows, {} with an OOD score)", out.display(), reference.samples.risk_score.len(), reference.samples.ood_score.len());
+    println!(
+        "wrote {} ({} rows, {} with an OOD score)",
+        out.display(),
+        reference.samples.risk_score.len(),
+        reference.samples.ood_score.len()
+    );
     Ok(())
 }

@@ -58,7 +58,12 @@ pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
         if panel.log_x {
             let mut c =
                 chart.build_cartesian_2d((lo.max(1.0)..hi.max(2.0)).log_scale(), 0f64..1f64).map_err(plot_err)?;
-            c.configure_mesh().x_desc(panel.x_label).y_desc("ECDF").draw().map_err(plot_err)?;
+            c.configure_mesh()
+                .light_line_style(TRANSPARENT)
+                .x_desc(panel.x_label)
+                .y_desc("ECDF")
+                .draw()
+                .map_err(plot_err)?;
             for (sample, name, color) in series {
                 let pts = steps(sample).into_iter().map(|(x, y)| (x.max(1.0), y));
                 c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
@@ -74,7 +79,12 @@ pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
                 .map_err(plot_err)?;
         } else {
             let mut c = chart.build_cartesian_2d(lo..hi, 0f64..1f64).map_err(plot_err)?;
-            c.configure_mesh().x_desc(panel.x_label).y_desc("ECDF").draw().map_err(plot_err)?;
+            c.configure_mesh()
+                .light_line_style(TRANSPARENT)
+                .x_desc(panel.x_label)
+                .y_desc("ECDF")
+                .draw()
+                .map_err(plot_err)?;
             for (sample, name, color) in series {
                 c.draw_series(LineSeries::new(steps(sample), color.stroke_width(2)))
                     .map_err(plot_err)?
@@ -113,7 +123,12 @@ pub fn reliability_svg(path: &Path, title: &str, curves: &[ReliabilityCurve<'_>]
         .y_label_area_size(48)
         .build_cartesian_2d(lo..1f64, 0f64..1f64)
         .map_err(plot_err)?;
-    c.configure_mesh().x_desc("mean confidence in bin").y_desc("accuracy in bin").draw().map_err(plot_err)?;
+    c.configure_mesh()
+        .light_line_style(TRANSPARENT)
+        .x_desc("mean confidence in bin")
+        .y_desc("accuracy in bin")
+        .draw()
+        .map_err(plot_err)?;
     c.draw_series(LineSeries::new([(lo, lo), (1.0, 1.0)], BLACK.mix(0.5)))
         .map_err(plot_err)?
         .label("perfect calibration")

@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// Most points drawn per ECDF: a step at every sample of a 100,000-decision window would make a
 /// file of megabytes that looks the same.
-const MAX_STEPS: usize = 400;
+const MAX_STEPS: usize = 200;
 
 /// One ECDF panel: two sorted samples of one signal.
 pub struct EcdfPanel<'a> {

@@ -5,6 +5,7 @@
 //! working directory. Unknown keys are errors: a typo must not silently keep a default.
 
 use crate::audit::AuditConfig;
+use crate::drift::DriftConfig;
 use crate::gateway::{AdmissionConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
@@ -46,6 +47,8 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
+    /// The live drift monitor.
+    pub drift: DriftConfig,
     /// The app client settings for `routes`.
     pub proxy: ProxyConfig,
     /// Reverse-proxy routes, matched in order before tiergate's own endpoints.
@@ -65,6 +68,7 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             admin: AdminConfig::default(),
             shadow: ShadowConfig::default(),
+            drift: DriftConfig::default(),
             proxy: Default::default(),
             routes: Vec::new(),
             audit: None,
@@ -92,6 +96,7 @@ impl Config {
             audit.dir = base.join(&audit.dir);
             audit.key_file = audit.key_file.take().map(|p| base.join(p));
         }
+        config.drift.reference = config.drift.reference.map(|d| base.join(d));
         for route in &mut config.routes {
             if let Some(screen) = &mut route.screen {
                 screen.policy = screen.policy.take().map(|d| normal(base.join(d)));
@@ -125,6 +130,7 @@ impl Config {
             signals: &self.signals,
             admission: &self.admission,
             shadow: &self.shadow,
+            drift: &self.drift,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
         }
@@ -171,6 +177,7 @@ impl Config {
         if self.gpu.backend == GpuBackend::Upstream {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
+        self.drift.validate()?;
         crate::proxy::validate(&self.proxy, &self.routes)?;
         if let Some(audit) = &self.audit {
             audit.validate()?;

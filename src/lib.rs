@@ -5,7 +5,8 @@
 //! app), both on the HTTP floor [`web`] — builds one [`request::ClassifyRequest`]; the
 //! [`gateway`] rates it ([`complexity`]), asks [`select`] (pure tier selection) where to start
 //! and what comes after each stage, runs the [`tier`]s (cpu model, gpu model) with
-//! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`]. [`policy`] and
+//! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`], whose signals
+//! also feed the [`drift`] monitor. [`policy`] and
 //! [`signals`] are its inputs, [`metrics`] and the [`audit`] trail its side outputs, [`error`] the one place errors
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
@@ -16,12 +17,14 @@ pub mod calibrate;
 pub mod complexity;
 pub mod config;
 pub mod decision;
+pub mod drift;
 pub mod error;
 pub mod gateway;
 pub mod ingress;
 pub mod malloc;
 pub mod metrics;
 pub mod ort_lib;
+pub mod plot;
 pub mod policy;
 pub mod proxy;
 pub mod request;

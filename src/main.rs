@@ -75,6 +75,9 @@ enum Command {
         /// Write even a fit that does not improve on the current temperature.
         #[arg(long, requires = "write")]
         force: bool,
+        /// Draw the reliability diagram before (T = 1) and after (fitted T) scaling into this SVG.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Decide one text without a server and explain the routing: complexity contributions, the
     /// signals snapshot, and the reason for every tier choice. Prints the decision as JSON.
@@ -96,6 +99,11 @@ enum Command {
     /// Query the audit trail (`[audit] dir`): records as JSON lines, oldest first, filtered by
     /// request id, time, tenant, route, action, tier, rule or kind; or `--count`.
     Audit(cli::audit::Args),
+    /// Compare decisions (audit records as JSON lines) with the model's drift reference: the
+    /// two-sample Kolmogorov–Smirnov statistic per numeric signal (risk score, OOD score, text
+    /// length) and the total variation distance of the language shares; `--plot` draws the
+    /// ECDFs. `tiergate drift reference` makes the reference from a validation file.
+    Drift(cli::drift::DriftArgs),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -123,7 +131,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config, listen, policies, models, admin_listen } => {
             serve(config, listen, policies, models, admin_listen)
         }
-        Command::Calibrate { input, config, models, tier, bins, write, force } => {
+        Command::Calibrate { input, config, models, tier, bins, write, force, plot } => {
             cli::calibrate::run(cli::calibrate::Args {
                 input,
                 config,
@@ -131,9 +139,11 @@ fn main() -> std::process::ExitCode {
                 bins: bins as usize,
                 write: write.map(|p| (p, force)),
                 tier,
+                plot,
             })
         }
         Command::Audit(args) => cli::audit::run(args),
+        Command::Drift(args) => cli::drift::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -71,6 +71,12 @@ pub struct UpstreamLabels {
     pub upstream: String,
 }
 
+/// A drift signal (`risk_score`, `ood_score`, `text_chars`, `language`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: &'static str,
+}
+
 /// Counts by reason (escalations, fallbacks).
 pub type ReasonCounter = Family<ReasonLabels, Counter>;
 
@@ -111,6 +117,14 @@ pub struct Metrics {
     pub audit_backlog: Gauge,
     pub audit_retention_deleted: Counter,
     pub audit_flush_seconds: Histogram,
+    /// Model-tier batch sizes, per request (a batch of k counts k times), by tier.
+    pub batch_size: Family<TierLabels, Histogram>,
+    /// Two-sample KS statistic of a numeric signal's live window against the reference.
+    pub drift_ks: Family<SignalLabels, Gauge<f64, AtomicU64>>,
+    /// Total variation distance of the language shares' live window against the reference.
+    pub drift_tvd: Family<SignalLabels, Gauge<f64, AtomicU64>>,
+    /// Decisions in the drift window at the last computation.
+    pub drift_window_size: Gauge,
 }
 
 impl Default for Metrics {
@@ -189,6 +203,32 @@ impl Metrics {
             "audit_flush_seconds",
             "Time to render and commit one batch of audit records, seconds",
             audit_flush_seconds.clone(),
+        );
+        // 1, 2, 4, ... 256.
+        let batch_size =
+            Family::<TierLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 9)));
+        let drift_ks = Family::<SignalLabels, Gauge<f64, AtomicU64>>::default();
+        let drift_tvd = Family::<SignalLabels, Gauge<f64, AtomicU64>>::default();
+        let drift_window_size = Gauge::default();
+        registry.register(
+            "batch_size",
+            "Size of the model-tier batch each request ran in, by tier (a batch of k counts k times)",
+            batch_size.clone(),
+        );
+        registry.register(
+            "drift_ks",
+            "Two-sample Kolmogorov-Smirnov statistic of the drift window against the model's reference, by signal (NaN: window below drift.min_window)",
+            drift_ks.clone(),
+        );
+        registry.register(
+            "drift_tvd",
+            "Total variation distance of the drift window's language shares against the reference (NaN: window below drift.min_window)",
+            drift_tvd.clone(),
+        );
+        registry.register(
+            "drift_window_size",
+            "Decisions in the drift window at the last drift computation",
+            drift_window_size.clone(),
         );
         registry.register(
             "proxy_upstream_ejected",
@@ -299,6 +339,10 @@ impl Metrics {
             audit_backlog,
             audit_retention_deleted,
             audit_flush_seconds,
+            batch_size,
+            drift_ks,
+            drift_tvd,
+            drift_window_size,
         }
     }
 

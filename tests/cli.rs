@@ -169,3 +169,52 @@ fn help_describes_every_command() {
         assert!(text.contains(cmd), "{text}");
     }
 }
+
+/// `tiergate drift` on audit records: records that repeat the reference's own text lengths read
+/// KS 0 on that signal; the same records with texts ten times longer read KS > 0.1 and are
+/// flagged; `--plot` writes an SVG.
+#[test]
+fn drift_reports_ks_per_signal_from_audit_records_and_plots() {
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("models/reference.json")).unwrap()).unwrap();
+    let s = &reference["samples"];
+    let dir = std::env::temp_dir().join(format!("tiergate-drift-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = |scale: f64| -> std::path::PathBuf {
+        let path = dir.join(format!("records-{scale}.jsonl"));
+        let lines: Vec<String> = (0..s["text_chars"].as_array().unwrap().len())
+            .map(|i| {
+                serde_json::json!({
+                    "request_id": format!("r{i}"), "unix_ms": 1_764_633_600_000u64 + i as u64, "kind": "classify",
+                    "risk_score": s["risk_score"][i], "ood_score": s["ood_score"][i],
+                    "text_chars": (s["text_chars"][i].as_f64().unwrap() * scale) as u64, "lang": "eng",
+                })
+                .to_string()
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        path
+    };
+    let svg = dir.join("drift.svg");
+    let run = |path: &std::path::Path, plot: bool| -> String {
+        let mut c = tiergate();
+        c.args(["drift", "--input"]).arg(path);
+        if plot {
+            c.arg("--plot").arg(&svg);
+        }
+        let out = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let row = |out: &str, signal: &str| out.lines().find(|l| l.starts_with(signal)).unwrap().to_string();
+    let same = run(&records(1.0), false);
+    assert!(row(&same, "text_chars").contains(" 0.0000"), "{same}");
+    assert!(!row(&same, "text_chars").contains("drift"), "{same}");
+    let longer = run(&records(10.0), true);
+    assert!(row(&longer, "text_chars").contains("> 0.1: drift"), "{longer}");
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    // --since after every record: nothing left to compare.
+    let out = tiergate().args(["drift", "--since", "9999999999999", "--input"]).arg(records(1.0)).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("0 decisions"), "{out:?}");
+}

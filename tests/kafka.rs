@@ -6,10 +6,8 @@
 
 mod common;
 
-use common::tansu::Tansu;
+use common::tansu::{consume, Consumed, Tansu};
 use prometheus_client::registry::Registry;
-use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
-use rskafka::client::ClientBuilder;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,42 +82,6 @@ impl Outbox for MemOutbox {
     fn backlog(&self) -> anyhow::Result<u64> {
         Ok(self.state.lock().unwrap().rows.iter().filter(|r| !r.3).count() as u64)
     }
-}
-
-/// A record read back from the topic.
-#[derive(Debug)]
-struct Consumed {
-    partition: i32,
-    key: String,
-    request_id: String,
-}
-
-/// Every record of every partition of `topic`, read from the earliest offset to the high
-/// watermark.
-async fn consume(broker: &str, topic: &str) -> Vec<Consumed> {
-    let client = ClientBuilder::new(vec![broker.to_string()]).build().await.expect("consumer connects");
-    let topics = client.list_topics().await.unwrap();
-    let partitions = topics.into_iter().find(|t| t.name == topic).map(|t| t.partitions).unwrap_or_default();
-    let mut out = Vec::new();
-    for partition in partitions {
-        let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await.unwrap();
-        let (mut offset, end) =
-            (pc.get_offset(OffsetAt::Earliest).await.unwrap(), pc.get_offset(OffsetAt::Latest).await.unwrap());
-        while offset < end {
-            let (records, _) = pc.fetch_records(offset, 1..10_000_000, 200).await.unwrap();
-            assert!(!records.is_empty(), "no records at offset {offset} of {topic}/{partition} (end {end})");
-            for r in records {
-                offset = r.offset + 1;
-                let value: serde_json::Value = serde_json::from_slice(r.record.value.as_deref().unwrap()).unwrap();
-                out.push(Consumed {
-                    partition,
-                    key: String::from_utf8(r.record.key.unwrap()).unwrap(),
-                    request_id: value["request_id"].as_str().unwrap().to_string(),
-                });
-            }
-        }
-    }
-    out
 }
 
 fn config(broker: &Tansu, topic: &str) -> KafkaConfig {

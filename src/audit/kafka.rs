@@ -1,7 +1,7 @@
 //! The Kafka sink for fleets: a task that ships the audit outbox to a topic, keyed by request
 //! id, at least once. Records stay in the local store until the broker acknowledged them, so a
 //! broker outage only grows the backlog (bounded by the store's cap); they ship when it is
-//! back. Client: `rskafka` (pure Rust). Operations guide: `docs/operations-kafka.md`.
+//! back. Client: `rskafka` (pure Rust). Operations guide: `docs/operations.md ("Kafka sink")`.
 
 mod config;
 mod metrics;

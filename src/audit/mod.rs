@@ -119,7 +119,16 @@ impl Audit {
             let outbox = Arc::clone(&outbox) as Arc<dyn Outbox>;
             (stop, Mutex::new(Some(kafka::spawn(kafka, outbox, kafka_metrics, stopped))))
         });
-        Ok(Audit { tx, on_full: config.on_full, metrics, writer: Mutex::new(Some(handle)), outbox, backlog, shipping, sink })
+        Ok(Audit {
+            tx,
+            on_full: config.on_full,
+            metrics,
+            writer: Mutex::new(Some(handle)),
+            outbox,
+            backlog,
+            shipping,
+            sink,
+        })
     }
 
     /// For shutdown, after [`Audit::close`]: the Kafka shipper ships what is left (for at most

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tiergate::calibrate::{confidences, ece, fit_temperature, nll, reliability, CalibrationFile};
 use tiergate::config::Config;
+use tiergate::plot::{reliability_svg, ReliabilityCurve};
 use tiergate::policy::Policy;
 use tiergate::tier::gpu::upstream::UpstreamPool;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
@@ -36,6 +37,8 @@ pub struct Args {
     /// improve on held-out data.
     pub write: Option<(PathBuf, bool)>,
     pub tier: Tier,
+    /// SVG file for the reliability diagram before (T = 1) and after (fitted T) scaling.
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(serde::Deserialize)]
@@ -68,6 +71,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("{} examples from {}; {}", scored.labels.len(), args.input.display(), scored.name);
     let fitted = fit_temperature(&scored.logits, &scored.labels);
     report(&scored, fitted, args.bins);
+    if let Some(svg) = &args.plot {
+        plot(&scored, fitted, args.bins, svg)?;
+        println!("\nreliability diagram: {}", svg.display());
+    }
     if upstream {
         let (held_t, verdict) = held_out_check(&scored.logits, &scored.labels, scored.current, args.bins);
         println!("\nheld-out check (fitted on a seeded 70 %, T = {held_t:.4}, scored on the other 30 %): {verdict}");
@@ -167,6 +174,21 @@ fn report(s: &Scored, fitted: f64, bins: usize) {
     for b in reliability(&conf, &correct, bins).iter().filter(|b| b.count > 0) {
         println!("  [{:.3},{:.3}) {:>6} {:>10.4} {:>9.4}", b.lower, b.upper, b.count, b.mean_confidence, b.accuracy);
     }
+}
+
+/// The reliability diagram at T = 1 and at the fitted T, with each one's ECE in the legend.
+fn plot(s: &Scored, fitted: f64, bins: usize, svg: &Path) -> anyhow::Result<()> {
+    let binned = [1.0, fitted].map(|t| {
+        let (conf, correct) = confidences(&s.logits, &s.labels, t);
+        (t, ece(&conf, &correct, bins), reliability(&conf, &correct, bins))
+    });
+    let curves: Vec<ReliabilityCurve<'_>> = binned
+        .iter()
+        .zip(["before", "after"])
+        .map(|((t, e, b), when)| ReliabilityCurve { name: format!("{when}: T = {t:.3}, ECE {e:.4}"), bins: b })
+        .collect();
+    let title = format!("{}: reliability, {} examples", s.name, s.labels.len());
+    reliability_svg(svg, &title, &curves)
 }
 
 /// Writes the fitted temperature to a model's calibration file, unless the data cannot support

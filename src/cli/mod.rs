@@ -2,3 +2,4 @@
 
 pub mod audit;
 pub mod calibrate;
+pub mod drift;

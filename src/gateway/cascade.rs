@@ -39,6 +39,15 @@ pub struct LiveTiers<'a> {
     pub recorded: &'a Mutex<Recorded>,
 }
 
+impl LiveTiers<'_> {
+    /// The batch a model tier ran this request in, into the batch-size histogram.
+    fn observe_batch(&self, tier: TierName, r: &Result<ModelVerdict, TierError>) {
+        if let Ok(v) = r {
+            self.metrics.batch_size.get_or_create(&TierLabels { tier: tier.as_str() }).observe(v.batch_size as f64);
+        }
+    }
+}
+
 /// Where a cascade's tier verdicts come from.
 pub enum Tiers<'a> {
     /// Call the tiers, record what they answer, count in metrics.
@@ -61,6 +70,7 @@ impl Tiers<'_> {
         match self {
             Tiers::Live(live) => {
                 let r = live.cpu.classify(Arc::clone(text), prepared, deadline).await;
+                live.observe_batch(TierName::Cpu, &r);
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
                 r
             }
@@ -75,6 +85,7 @@ impl Tiers<'_> {
                     return Err(TierError::Unavailable("no gpu tier configured".into()));
                 };
                 let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).await;
+                live.observe_batch(TierName::Gpu, &r);
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());
                 r
             }

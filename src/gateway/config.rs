@@ -7,8 +7,8 @@ use crate::tier::{GpuConfig, ModelConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 
-/// What [`super::Gateway::start`] needs: the model, gpu, policy, signals, admission, shadow and
-/// audit sections, and the policy directories that proxy routes name.
+/// What [`super::Gateway::start`] needs: the model, gpu, policy, signals, admission, shadow,
+/// audit and drift sections, and the policy directories that proxy routes name.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig<'a> {
     pub model: &'a ModelConfig,
@@ -17,6 +17,7 @@ pub struct GatewayConfig<'a> {
     pub signals: &'a SignalsConfig,
     pub admission: &'a AdmissionConfig,
     pub shadow: &'a ShadowConfig,
+    pub drift: &'a crate::drift::DriftConfig,
     /// Policy directories named by `[routes.screen] policy`, in route order (duplicates allowed).
     pub route_policies: Vec<PathBuf>,
     /// `[audit]`: the gateway opens the trail and records every decision; `None`: no trail

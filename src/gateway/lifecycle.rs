@@ -50,7 +50,10 @@ impl Gateway {
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
-        let audit = config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
+        let audit =
+            config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
+        let drift =
+            crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
@@ -65,6 +68,7 @@ impl Gateway {
             shadow: Shadow::start(config.shadow)?,
             gpu_below: Mutex::new(Default::default()),
             audit,
+            drift,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -70,6 +70,8 @@ pub struct Gateway {
     /// Keeps the policy directory watches (live and shadow) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
+    /// The live drift monitor, fed every finished decision (`None`: off).
+    pub drift: Option<Arc<crate::drift::Monitor>>,
     /// The gpu limits the last snapshot was below (their hysteresis, [`select::gpu_below`]).
     gpu_below: Mutex<Below>,
     /// The audit trail (`[audit]`), when configured: every decision's record goes through it.
@@ -205,6 +207,9 @@ impl Gateway {
         }
         let mut decision = self.finish(decision, request_id, &policy, explain, started);
         decision.subject = Subject { text: Arc::clone(&req.text), tenant: req.tenant.clone(), lang: lang.get().code };
+        if let Some(drift) = &self.drift {
+            drift.observe(&decision, &req.text, &lang);
+        }
         let shadow = match &self.shadow {
             Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {
                 let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());

@@ -174,8 +174,16 @@ mod tests {
         let outcome = crate::test_support::on_current_thread_runtime(async move {
             let (reloaded_tx, mut reloaded) = mpsc::unbounded_channel();
             let ms = Duration::from_millis(10);
-            let _watch =
-                watch_with(&watched, ms, ms, move || drop(reloaded_tx.send(())), fingerprint_after_gate).unwrap();
+            let _watch = watch_with(
+                &watched,
+                ms,
+                ms,
+                move || {
+                    let _ = reloaded_tx.send(());
+                },
+                fingerprint_after_gate,
+            )
+            .unwrap();
             tokio::spawn(async move { gate_tx.send(()).unwrap() });
             tokio::time::sleep(Duration::from_millis(50)).await;
             std::fs::write(watched.join("rules.toml"), "a = 1\n").unwrap();

@@ -134,3 +134,41 @@ impl Drop for Tansu {
         }
     }
 }
+
+/// A record read back from the topic.
+#[derive(Debug)]
+pub struct Consumed {
+    pub partition: i32,
+    pub key: String,
+    pub request_id: String,
+}
+
+/// Every record of every partition of `topic`, read from the earliest offset to the high
+/// watermark.
+pub async fn consume(broker: &str, topic: &str) -> Vec<Consumed> {
+    use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
+    let client =
+        rskafka::client::ClientBuilder::new(vec![broker.to_string()]).build().await.expect("consumer connects");
+    let topics = client.list_topics().await.unwrap();
+    let partitions = topics.into_iter().find(|t| t.name == topic).map(|t| t.partitions).unwrap_or_default();
+    let mut out = Vec::new();
+    for partition in partitions {
+        let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await.unwrap();
+        let (mut offset, end) =
+            (pc.get_offset(OffsetAt::Earliest).await.unwrap(), pc.get_offset(OffsetAt::Latest).await.unwrap());
+        while offset < end {
+            let (records, _) = pc.fetch_records(offset, 1..10_000_000, 200).await.unwrap();
+            assert!(!records.is_empty(), "no records at offset {offset} of {topic}/{partition} (end {end})");
+            for r in records {
+                offset = r.offset + 1;
+                let value: serde_json::Value = serde_json::from_slice(r.record.value.as_deref().unwrap()).unwrap();
+                out.push(Consumed {
+                    partition,
+                    key: String::from_utf8(r.record.key.unwrap()).unwrap(),
+                    request_id: value["request_id"].as_str().unwrap().to_string(),
+                });
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,216 @@
+//! `tiergate drift`: decisions (audit records as JSON lines) against the model's drift
+//! reference, per signal, with an optional ECDF plot; and `tiergate drift reference`, which
+//! makes the reference from a labelled validation file through the real gateway.
+
+use anyhow::Context as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tiergate::drift::{compare, reference, Measure, Observation, Reference};
+use tiergate::gateway::Sources;
+use tiergate::plot::{ecdf_svg, EcdfPanel};
+use tiergate::Gateway;
+
+/// The threshold risk teams commonly alert on (deploy/prometheus/alerts.yml uses the same).
+pub const KS_ALERT: f64 = 0.1;
+
+/// `tiergate drift` and its `reference` subcommand.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DriftArgs {
+    #[command(subcommand)]
+    pub command: Option<DriftCommand>,
+    /// Audit records as JSON lines (fields `unix_ms`, `risk_score`, `ood_score`, `text_chars`,
+    /// `lang`; `kind: "shadow"` records are left out: they repeat a live decision).
+    #[arg(long, short)]
+    pub input: Option<PathBuf>,
+    /// Only records at or after this time: an age (`90s`, `15m`, `2h`, `7d`) or unix ms.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// The reference file. Default: `reference.json` in the config's model directory.
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// Draw the ECDFs of the records against the reference, per numeric signal, into this SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    #[arg(long, env = "TIERGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum DriftCommand {
+    /// Make the drift reference: decide every row of a labelled JSONL file (`{"text", ...}`)
+    /// with the configured model and policy (no deadline pressure) and keep the signals.
+    Reference {
+        /// The validation split, e.g. tests/data/val_sample.jsonl.
+        #[arg(long)]
+        data: PathBuf,
+        /// Where to write it, e.g. models/reference.json.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, env = "TIERGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+pub fn run(args: DriftArgs) -> anyhow::Result<()> {
+    if let Some(DriftCommand::Reference { data, out, config }) = args.command {
+        return make_reference(&data, &out, config);
+    }
+    let input = args.input.context("--input is required (audit records as JSON lines)")?;
+    let path = match args.reference {
+        Some(p) => p,
+        None => crate::load_config(args.config)?.model.dir.join("reference.json"),
+    };
+    let reference = Reference::load(&path)?;
+    let since = args.since.as_deref().map(parse_since).transpose()?;
+    let live = read_records(&input, since)?;
+    println!(
+        "{} decisions from {} against {} ({} rows of {})",
+        live.len(),
+        input.display(),
+        path.display(),
+        reference.samples.risk_score.len(),
+        reference.made_from
+    );
+    println!("{:<11} {:>4} {:>7} {:>7} {:>9} {:>10}", "signal", "", "n", "n ref", "distance", "p-value");
+    for s in compare(&reference, &live) {
+        let (what, d) = (if s.measure == Measure::Ks { "KS" } else { "TVD" }, s.distance.unwrap_or(f64::NAN));
+        let p = s.p_value.map(|p| format!("{p:.3e}")).unwrap_or_else(|| "-".into());
+        let flag = if d > KS_ALERT { "  > 0.1: drift" } else { "" };
+        println!("{:<11} {what:>4} {:>7} {:>7} {d:>9.4} {p:>10}{flag}", s.signal, s.live, s.reference);
+    }
+    if let Some(svg) = args.plot {
+        plot(&svg, &reference, &live)?;
+        println!("plot: {}", svg.display());
+    }
+    Ok(())
+}
+
+/// `--since`: an age before now (`90s`, `15m`, `2h`, `7d`) or a unix time in ms.
+fn parse_since(s: &str) -> anyhow::Result<u64> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let bad = || anyhow::anyhow!("--since {s:?}: expected an age such as 90s, 15m, 2h, 7d, or unix ms");
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(bad()),
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Ok(now.saturating_sub(Duration::from_secs(secs)).as_millis() as u64)
+}
+
+#[derive(serde::Deserialize)]
+struct Record {
+    unix_ms: u64,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(flatten)]
+    observation: Observation,
+}
+
+/// The records at or after `since` (unix ms), shadow records left out. Errors name the line.
+fn read_records(path: &Path, since: Option<u64>) -> anyhow::Result<Vec<Observation>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let r: Record = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{}:{}: expected an audit record (unix_ms, risk_score, ood_score, text_chars, lang)",
+                path.display(),
+                i + 1
+            )
+        })?;
+        if r.kind.as_deref() != Some("shadow") && since.is_none_or(|s| r.unix_ms >= s) {
+            out.push(r.observation);
+        }
+    }
+    Ok(out)
+}
+
+fn plot(svg: &Path, reference: &Reference, live: &[Observation]) -> anyhow::Result<()> {
+    let mut columns: [Vec<f64>; 3] = Default::default();
+    for o in live {
+        columns[0].push(o.risk_score);
+        columns[1].extend(o.ood_score);
+        columns[2].push(o.text_chars as f64);
+    }
+    let drift = compare(reference, live);
+    let labels = ["risk score", "OOD score", "text length (chars)"];
+    let panels: Vec<EcdfPanel<'_>> = reference
+        .numeric()
+        .into_iter()
+        .zip(columns.iter_mut())
+        .zip(labels.into_iter().zip(&drift))
+        .map(|(((signal, sample), column), (x_label, d))| {
+            column.retain(|x| x.is_finite());
+            column.sort_by(f64::total_cmp);
+            EcdfPanel {
+                title: format!("{signal}: KS {:.3}", d.distance.unwrap_or(f64::NAN)),
+                x_label,
+                reference: sample,
+                live: column,
+                log_x: signal == "text_chars",
+            }
+        })
+        .collect();
+    ecdf_svg(svg, &panels)
+}
+
+/// Decides every row of `data` through the gateway and writes the signals as a reference.
+fn make_reference(data: &Path, out: &Path, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut config = crate::load_config(config)?;
+    config.policies.watch = false;
+    config.admission.tenant_rps = 0;
+    config.shadow = Default::default();
+    // The reference being remade may be stale or absent: the monitor is not needed here.
+    config.drift.enabled = false;
+    let text = std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let reference = runtime.block_on(async {
+        let gateway = Gateway::start(&config.gateway(), Sources::default())?;
+        let mut samples = reference::Samples::default();
+        let mut language = std::collections::BTreeMap::<String, u64>::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let row: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{}:{}", data.display(), i + 1))?;
+            let t = row["text"].as_str().with_context(|| format!("{}:{}: no \"text\"", data.display(), i + 1))?;
+            // Without time pressure: the reference is what the model says, not this machine's load.
+            let deadline = Duration::from_millis(config.server.max_deadline_ms);
+            let req = tiergate::ClassifyRequest::new(t.to_string(), Default::default(), None, deadline, &config.server)
+                .with_context(|| format!("{}:{}", data.display(), i + 1))?;
+            let d = gateway.classify(req, format!("reference-{}", i + 1)).await?;
+            samples.risk_score.push(d.risk_score);
+            samples.ood_score.extend(d.path.iter().find_map(|s| s.ood_score));
+            samples.text_chars.push(t.chars().count() as f64);
+            // The language of the canonical text, as the gateway detects it.
+            let code = tiergate::text::detect(&tiergate::text::canonicalize(t).text).code;
+            *language.entry(code.to_string()).or_default() += 1;
+        }
+        for v in [&mut samples.risk_score, &mut samples.ood_score, &mut samples.text_chars] {
+            v.sort_by(f64::total_cmp);
+        }
+        let info = gateway.cpu.info();
+        anyhow::Ok(Reference {
+            format: reference::FORMAT,
+            made_from: data.display().to_string(),
+            model: reference::ModelPin { name: info.name.clone(), manifest_sha256: info.manifest_sha256.clone() },
+            policy_version: gateway.policies.snapshot().version.clone(),
+            samples,
+            language,
+        })
+    })?;
+    reference.write(out)?;
+    println!(
+        "wrote {} ({} rows, {} with an OOD score)",
+        out.display(),
+        reference.samples.risk_score.len(),
+        reference.samples.ood_score.len()
+    );
+    Ok(())
+}

@@ -10,7 +10,8 @@
 #    measured seconds after 2 s of warm-up: goodput, p50/p99 and the server's CPU ms per request;
 # 4. after each run with the trail on: SIGTERM (which flushes the trail), then counts the records
 #    in the store — all, distinct request ids, kind "classify" — against the /v1/classify 200s that
-#    tiergate itself counted (`tiergate_http_responses_total{code="200"}`, read before the stop);
+#    tiergate itself counted (`tiergate_http_responses_total{status="200"}`, read before the stop,
+#    less the readiness check's one /readyz 200);
 #    every answered request must have exactly one record;
 # 5. prints one table (and writes it to target/audit_cost/<time>/report.md).
 #
@@ -93,7 +94,8 @@ for i in $(seq 1 "$REPEATS"); do
       --duration "$DURATION" --warmup 2 --label "audit-$audit-$i" --pid "$PID" --json "$OUT/results.jsonl" >&2
     answered=$(curl -s "http://127.0.0.1:$ADMIN/metrics" | python3 -c '
 import re, sys
-print(sum(int(float(m.group(1))) for m in re.finditer(r"^tiergate_http_responses_total\{[^}]*status=\"200\"[^}]*\} (\S+)", sys.stdin.read(), re.M)))')
+# Both listeners count into it: less the one /readyz 200 that start_server waited for.
+print(sum(int(float(m.group(1))) for m in re.finditer(r"^tiergate_http_responses_total\{[^}]*status=\"200\"[^}]*\} (\S+)", sys.stdin.read(), re.M)) - 1)')
     stop_server
     if [[ $audit == on ]]; then
       python3 - "$DIR/audit/audit.db" "$answered" "audit-$audit-$i" >> "$OUT/records.jsonl" <<'PY'

@@ -99,7 +99,7 @@ enum Command {
     /// Query the audit trail (`[audit] dir`): records as JSON lines, oldest first, filtered by
     /// request id, time, tenant, route, action, tier, rule or kind; or `--count`.
     Audit(cli::audit::Args),
-    /// Compare decisions (audit records as JSON lines) with the model's drift reference: the
+    /// Compare decisions (the audit store's, or audit records as JSON lines) with the model's drift reference: the
     /// two-sample Kolmogorov–Smirnov statistic per numeric signal (risk score, OOD score, text
     /// length) and the total variation distance of the language shares; `--plot` draws the
     /// ECDFs. `tiergate drift reference` makes the reference from a validation file.

@@ -92,3 +92,31 @@ fn errors_say_what_is_wrong() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("--request-id") && help.contains("RFC 3339") && help.contains("--count"), "{help}");
 }
+
+#[test]
+fn drift_reads_the_audit_store_leaving_out_shadow_and_unscreened_records() {
+    let dir = store("drift");
+    let mut unscreened =
+        serde_json::to_value(record("u", 1_764_583_200_000, "acme", "unscreened", "unscreened", "screen", &[]))
+            .unwrap();
+    unscreened["label"] = serde_json::Value::Null;
+    unscreened["risk_score"] = serde_json::Value::Null;
+    Store::open(&dir).unwrap().insert(&[serde_json::from_value(unscreened).unwrap()]).unwrap();
+    let reference = common::repo().join("models/reference.json");
+    let drift = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tiergate"))
+            .args(["drift", "--reference", reference.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = drift(&["--dir", dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // a-d count; e is a shadow record, u was forwarded unscreened (no score).
+    assert!(text.starts_with("4 decisions from the audit store"), "{text}");
+    // Every record is 3 chars long: far from the reference's text lengths.
+    assert!(text.lines().any(|l| l.starts_with("text_chars") && l.ends_with("drift")), "{text}");
+    let both = drift(&["--dir", dir.to_str().unwrap(), "--input", "x.jsonl"]);
+    assert!(!both.status.success() && String::from_utf8_lossy(&both.stderr).contains("--dir"));
+}

@@ -1,4 +1,4 @@
-//! `tiergate drift`: decisions (audit records as JSON lines) against the model's drift
+//! `tiergate drift`: decisions (from the audit store, or audit records as JSON lines) against the model's drift
 //! reference, per signal, with an optional ECDF plot; and `tiergate drift reference`, which
 //! makes the reference from a labelled validation file through the real gateway.
 
@@ -21,8 +21,11 @@ pub struct DriftArgs {
     pub command: Option<DriftCommand>,
     /// Audit records as JSON lines (fields `unix_ms`, `risk_score`, `ood_score`, `text_chars`,
     /// `lang`; `kind: "shadow"` records are left out: they repeat a live decision).
-    #[arg(long, short)]
+    #[arg(long, short, conflicts_with = "dir")]
     pub input: Option<PathBuf>,
+    /// The audit trail's directory (`[audit] dir`): its records are read from the store.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
     /// Only records at or after this time: an age (`90s`, `15m`, `2h`, `7d`) or unix ms.
     #[arg(long)]
     pub since: Option<String>,
@@ -56,18 +59,23 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
     if let Some(DriftCommand::Reference { data, out, config }) = args.command {
         return make_reference(&data, &out, config);
     }
-    let input = args.input.context("--input is required (audit records as JSON lines)")?;
+    let since = args.since.as_deref().map(parse_since).transpose()?;
+    let (live, source) = match (&args.input, &args.dir) {
+        (Some(input), _) => (read_records(input, since)?, input.display().to_string()),
+        (None, Some(dir)) => (read_store(dir, since)?, format!("the audit store in {}", dir.display())),
+        (None, None) => {
+            anyhow::bail!("--dir (the audit trail's directory) or --input (audit records as JSON lines) is required")
+        }
+    };
     let path = match args.reference {
         Some(p) => p,
         None => crate::load_config(args.config)?.model.dir.join("reference.json"),
     };
     let reference = Reference::load(&path)?;
-    let since = args.since.as_deref().map(parse_since).transpose()?;
-    let live = read_records(&input, since)?;
     println!(
         "{} decisions from {} against {} ({} rows of {})",
         live.len(),
-        input.display(),
+        source,
         path.display(),
         reference.samples.risk_score.len(),
         reference.made_from
@@ -114,22 +122,43 @@ struct Record {
     observation: Observation,
 }
 
-/// The records at or after `since` (unix ms), shadow records left out. Errors name the line.
+/// One audit record's observation if it counts: at or after `since`, not a shadow record (it
+/// repeats a live decision) and not an unscreened request (no score). Errors: not a record.
+fn observation(line: &str, since: Option<u64>) -> anyhow::Result<Option<Observation>> {
+    let value: serde_json::Value = serde_json::from_str(line)?;
+    if value["risk_score"].is_null() && value["tier"] == "unscreened" {
+        return Ok(None);
+    }
+    let r: Record = serde_json::from_value(value)?;
+    Ok((r.kind.as_deref() != Some("shadow") && since.is_none_or(|s| r.unix_ms >= s)).then_some(r.observation))
+}
+
+/// The records of a JSON-lines file that count ([`observation`]). Errors name the line.
 fn read_records(path: &Path, since: Option<u64>) -> anyhow::Result<Vec<Observation>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let r: Record = serde_json::from_str(line).with_context(|| {
+        let seen = observation(line, since).with_context(|| {
             format!(
                 "{}:{}: expected an audit record (unix_ms, risk_score, ood_score, text_chars, lang)",
                 path.display(),
                 i + 1
             )
         })?;
-        if r.kind.as_deref() != Some("shadow") && since.is_none_or(|s| r.unix_ms >= s) {
-            out.push(r.observation);
-        }
+        out.extend(seen);
     }
+    Ok(out)
+}
+
+/// The records of the audit store in `dir` that count ([`observation`]), oldest first.
+fn read_store(dir: &Path, since: Option<u64>) -> anyhow::Result<Vec<Observation>> {
+    use tiergate::audit::query::{for_each, Filter};
+    let conn = tiergate::audit::store::Store::open_read_only(dir)?;
+    let mut out = Vec::new();
+    for_each(&conn, &Filter { since_ms: since, ..Filter::default() }, |json| {
+        out.extend(observation(json, since)?);
+        Ok(())
+    })?;
     Ok(out)
 }
 

@@ -219,29 +219,18 @@ async fn sigterm_commits_every_queued_record() {
         dir.join("audit").display()
     );
     std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["serve", "--config"])
-        .arg(dir.join("tiergate.toml"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let up = Instant::now();
-    while std::net::TcpStream::connect(public).is_err() {
-        assert!(up.elapsed() < Duration::from_secs(60), "tiergate did not start");
-        assert!(child.try_wait().unwrap().is_none(), "tiergate exited at start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
     let k = 25;
     for i in 0..k {
         let reply = post(public, "/v1/classify", &format!("term-{i}"), json!({"text": BENIGN})).await;
         assert_eq!(reply.status, StatusCode::OK);
     }
     assert_eq!(count(&dir.join("audit")), 0, "nothing is committed before the flush interval");
-    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let term = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
     assert!(term.success());
     let stopped = Instant::now();
     let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = server.child.try_wait().unwrap() {
             break status;
         }
         assert!(stopped.elapsed() < Duration::from_secs(30), "tiergate did not exit after SIGTERM");

@@ -15,7 +15,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TOPIC: &str = "tiergate-audit";
@@ -25,15 +25,12 @@ fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-/// `tiergate serve` with the audit trail in `dir` shipped to `broker`, flushing every `flush_ms`.
-struct Server {
-    child: Child,
-    public: SocketAddr,
-    admin: SocketAddr,
-}
+/// `tiergate serve` with the audit trail shipped to a broker.
+type Server = common::Sidecar;
 
 impl Server {
-    async fn start(dir: &Path, broker: &str, flush_ms: u64) -> Server {
+    /// With the audit trail in `dir` shipped to `broker`, flushing every `flush_ms`.
+    fn with_audit(dir: &Path, broker: &str, flush_ms: u64) -> Server {
         let (public, admin) = (free_port(), free_port());
         let repo = common::repo();
         let config = format!(
@@ -49,19 +46,7 @@ impl Server {
         );
         let path = dir.join(format!("tiergate-{}.toml", public.port()));
         std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .stderr(std::fs::File::create(dir.join(format!("tiergate-{}.log", public.port()))).unwrap())
-            .spawn()
-            .unwrap();
-        let up = Instant::now();
-        while std::net::TcpStream::connect(public).is_err() {
-            assert!(up.elapsed() < Duration::from_secs(60), "tiergate did not start");
-            assert!(child.try_wait().unwrap().is_none(), "tiergate exited at start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Server { child, public, admin }
+        Server::serve(&path, public, admin)
     }
 
     /// Classifies one text as request `id`; panics unless it is answered 200.
@@ -95,13 +80,6 @@ impl Server {
             assert!(since.elapsed() < Duration::from_secs(30), "tiergate did not exit");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -149,7 +127,7 @@ fn scratch(name: &str) -> PathBuf {
 async fn a_broker_outage_and_a_sigterm_lose_no_record() {
     let dir = scratch("outage");
     let mut broker = Tansu::start();
-    let mut server = Server::start(&dir, &broker.addr(), 50).await;
+    let mut server = Server::with_audit(&dir, &broker.addr(), 50);
 
     // A: shipped while the broker is up.
     let a = ids("a", 40);
@@ -217,7 +195,7 @@ async fn after_sigkill_only_the_last_flush_interval_is_lost() {
     let dir = scratch("sigkill");
     let broker = Tansu::start();
     let flush = Duration::from_millis(1000);
-    let server = Server::start(&dir, &broker.addr(), flush.as_millis() as u64).await;
+    let server = Server::with_audit(&dir, &broker.addr(), flush.as_millis() as u64);
     let mut answered = Vec::new();
     let started = Instant::now();
     for id in ids("k", 2000) {

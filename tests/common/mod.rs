@@ -232,19 +232,31 @@ impl Sidecar {
     pub fn start(app_url: &str) -> Sidecar {
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let (public, admin) = (free(), free());
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
+        command
             .args(["serve", "--config", "config/sidecar.example.toml"])
             .current_dir(repo())
             .env("APP_UPSTREAM", app_url)
             .env("TIERGATE_LISTEN", public.to_string())
-            .env("TIERGATE_ADMIN_LISTEN", admin.to_string())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("the tiergate binary starts");
-        let sidecar = Sidecar { child, public, admin };
+            .env("TIERGATE_ADMIN_LISTEN", admin.to_string());
+        Sidecar::spawn(command, public, admin)
+    }
+
+    /// `tiergate serve --config CONFIG`, whose config listens on `public` and `admin`; waits (at
+    /// most 60 s) until the admin listener accepts.
+    pub fn serve(config: &Path, public: SocketAddr, admin: SocketAddr) -> Sidecar {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
+        command.args(["serve", "--config"]).arg(config);
+        Sidecar::spawn(command, public, admin)
+    }
+
+    fn spawn(mut command: std::process::Command, public: SocketAddr, admin: SocketAddr) -> Sidecar {
+        let child = command.stderr(std::process::Stdio::null()).spawn().expect("the tiergate binary starts");
+        let mut sidecar = Sidecar { child, public, admin };
         let up = std::time::Instant::now();
         while std::net::TcpStream::connect(admin).is_err() {
-            assert!(up.elapsed() < std::time::Duration::from_secs(30), "the sidecar did not start");
+            assert!(sidecar.child.try_wait().unwrap().is_none(), "tiergate exited at start");
+            assert!(up.elapsed() < std::time::Duration::from_secs(60), "tiergate did not start");
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         sidecar

@@ -33,6 +33,7 @@ pub mod select;
 pub mod signals;
 #[cfg(test)]
 mod test_support;
+pub mod tenant;
 pub mod text;
 pub mod tier;
 pub mod web;

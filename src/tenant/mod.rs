@@ -1,0 +1,4 @@
+//! Tenants: who a request is for, what its class may use, and where that state lives
+//! (`quota`).
+
+pub mod quota;

@@ -1,0 +1,42 @@
+//! Quotas and where their state lives: this process (`governor`) or Redis shared by replicas.
+//!
+//! The gateway holds one `Arc<dyn QuotaStore>`; what a tenant class allows (`Quota`, a daily
+//! budget) comes from config and is passed on every call, so a store keeps no per-class setup.
+
+use futures_util::future::BoxFuture;
+use std::time::Duration;
+
+/// A GCRA quota (generic cell rate algorithm, ITU-T I.371): `per_second` requests sustained,
+/// `burst` at once. Both at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+pub struct Quota {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+impl Quota {
+    /// This replica's part of a fleet-wide quota, for when the shared state is out of reach:
+    /// rate and burst divided by `replicas`, rounded up, at least 1.
+    pub fn per_replica(self, replicas: u32) -> Quota {
+        let r = replicas.max(1);
+        Quota { per_second: self.per_second.div_ceil(r).max(1), burst: self.burst.div_ceil(r).max(1) }
+    }
+}
+
+/// Which limit refused a request and when to try again; becomes a 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Stable name of the limit, as the 429 body names it: `"rate"`, `"gpu_daily_budget"`, or
+    /// `"quota_store_unavailable"` (a shared store down under `on_outage = "closed"`).
+    pub limit: &'static str,
+    pub retry_after: Duration,
+}
+
+/// Where rate and budget state lives. Implementations: `LocalQuotas` (this process) and the
+/// Redis-backed shared store with a local fallback.
+pub trait QuotaStore: Send + Sync {
+    /// Counts one request against `key`'s GCRA `quota`.
+    fn check_rate<'a>(&'a self, key: &'a str, quota: Quota) -> BoxFuture<'a, Result<(), Denied>>;
+    /// Takes one gpu-tier call from `key`'s budget of `per_day` calls per UTC day.
+    fn take_daily<'a>(&'a self, key: &'a str, per_day: u32) -> BoxFuture<'a, Result<(), Denied>>;
+}

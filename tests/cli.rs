@@ -172,7 +172,7 @@ fn help_describes_every_command() {
 
 /// `tiergate drift` on audit records: records that repeat the reference's own text lengths read
 /// KS 0 on that signal; the same records with texts ten times longer read KS > 0.1 and are
-/// flagged; `--plot` writes an SVG.
+/// flagged; ten records are too few to call drift; `--plot` writes an SVG.
 #[test]
 fn drift_reports_ks_per_signal_from_audit_records_and_plots() {
     let reference: serde_json::Value =
@@ -180,9 +180,13 @@ fn drift_reports_ks_per_signal_from_audit_records_and_plots() {
     let s = &reference["samples"];
     let dir = std::env::temp_dir().join(format!("tiergate-drift-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let records = |scale: f64| -> std::path::PathBuf {
-        let path = dir.join(format!("records-{scale}.jsonl"));
-        let lines: Vec<String> = (0..s["text_chars"].as_array().unwrap().len())
+    let rows = s["text_chars"].as_array().unwrap().len();
+    let records = |scale: f64, step: usize, count: usize| -> std::path::PathBuf {
+        let path = dir.join(format!("records-{scale}-{step}-{count}.jsonl"));
+        // The reference keeps each signal sorted: row i is every signal's i-th smallest value.
+        let lines: Vec<String> = (0..rows)
+            .step_by(step)
+            .take(count)
             .map(|i| {
                 serde_json::json!({
                     "request_id": format!("r{i}"), "unix_ms": 1_764_633_600_000u64 + i as u64, "kind": "classify",
@@ -208,13 +212,22 @@ fn drift_reports_ks_per_signal_from_audit_records_and_plots() {
         stdout
     };
     let row = |out: &str, signal: &str| out.lines().find(|l| l.starts_with(signal)).unwrap().to_string();
-    let same = run(&records(1.0), false);
+    let same = run(&records(1.0, 1, rows), false);
     assert!(row(&same, "text_chars").contains(" 0.0000"), "{same}");
     assert!(!row(&same, "text_chars").contains("drift"), "{same}");
-    let longer = run(&records(10.0), true);
+    let longer = run(&records(10.0, 1, rows), true);
     assert!(row(&longer, "text_chars").contains("> 0.1: drift"), "{longer}");
+    // Ten decisions spread over the lower 54 % of the reference: KS about 0.46, yet ten are too
+    // few to tell that from chance (p ≈ 0.03).
+    let few = run(&records(1.0, rows * 6 / 100, 10), false);
+    assert!(few.starts_with("10 decisions"), "{few}");
+    assert!(row(&few, "text_chars").contains("too few to tell"), "{few}");
+    for signal in ["risk_score", "ood_score", "text_chars"] {
+        assert!(!row(&few, signal).contains(": drift"), "{few}");
+    }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     // --since after every record: nothing left to compare.
-    let out = tiergate().args(["drift", "--since", "9999999999999", "--input"]).arg(records(1.0)).output().unwrap();
+    let out =
+        tiergate().args(["drift", "--since", "9999999999999", "--input"]).arg(records(1.0, 1, rows)).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("0 decisions"), "{out:?}");
 }

@@ -13,6 +13,12 @@ use tiergate::Gateway;
 /// The threshold risk teams commonly alert on (deploy/prometheus/alerts.yml uses the same).
 pub const KS_ALERT: f64 = 0.1;
 
+/// A KS statistic over [`KS_ALERT`] is called drift only when its p-value is below this: on a
+/// few dozen decisions a large KS arises by chance alone (with 20 against the 300-row reference,
+/// D = 0.3 has p ≈ 0.07), so a small sample reads "too few to tell" instead of raising a false
+/// alarm.
+pub const KS_SIGNIFICANCE: f64 = 0.01;
+
 /// `tiergate drift` and its `reference` subcommand.
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -84,7 +90,11 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
     for s in compare(&reference, &live) {
         let (what, d) = (if s.measure == Measure::Ks { "KS" } else { "TVD" }, s.distance.unwrap_or(f64::NAN));
         let p = s.p_value.map(|p| format!("{p:.3e}")).unwrap_or_else(|| "-".into());
-        let flag = if d > KS_ALERT { "  > 0.1: drift" } else { "" };
+        let flag = match s.p_value {
+            _ if d.is_nan() || d <= KS_ALERT => String::new(),
+            Some(p) if p >= KS_SIGNIFICANCE => format!("  > 0.1 but too few to tell (p >= {KS_SIGNIFICANCE})"),
+            _ => "  > 0.1: drift".into(),
+        };
         println!("{:<11} {what:>4} {:>7} {:>7} {d:>9.4} {p:>10}{flag}", s.signal, s.live, s.reference);
     }
     if let Some(svg) = args.plot {

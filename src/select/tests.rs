@@ -36,6 +36,7 @@ fn policy(extra: &str) -> Policy {
 
 fn idle() -> SignalsSnapshot {
     SignalsSnapshot {
+        tenant: Default::default(),
         cpu: CpuSignals {
             utilization: Some(0.2),
             queue_depth: 0,

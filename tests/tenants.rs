@@ -169,14 +169,15 @@ fn reached_gpu(d: &Value) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_over_its_gpu_share_is_routed_down_while_another_reaches_the_gpu() {
+async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reaches_the_gpu() {
     let stub = openai_stub::spawn(Behaviour::default()).await;
     let policies = common::policies_with_routing("tenant-share", ROUTING);
     // Every cpu verdict escalates; each tenant of `small` may hold 0.125 × 8 = 1 gpu slot.
     let extra = format!(
         "[gpu]\nbackend = \"upstream\"\ntimeout_ms = 6000\n[gpu.upstream]\nendpoints = [\"{}\"]\nmodel = \"risk-judge\"\n\
          health_interval_ms = 50\n[tenants]\ntrusted_header = \"x-client-tenant\"\n[tenants.known]\na = \"small\"\n\
-         b = \"small\"\n[tenants.classes.small]\ngpu_share = 0.125\n",
+         b = \"small\"\nc = \"metered\"\n[tenants.classes.small]\ngpu_share = 0.125\n\
+         [tenants.classes.metered]\ngpu_daily_budget = 1\n",
         stub.url()
     );
     let s = serve("share", &policies, &extra);
@@ -221,7 +222,25 @@ async fn a_tenant_over_its_gpu_share_is_routed_down_while_another_reaches_the_gp
     // Its slot is back: tenant a reaches the gpu tier again.
     stub.set_latency_ms(0);
     assert!(reached_gpu(&classify(&s, &a, json!({"text": TEXT})).await.json()));
+
+    // Tenant c's class allows one gpu call a day: its next requests are routed down, screened
+    // by the cpu tier and rules (the second finds the budget spent at the store, the third
+    // already in its snapshot).
+    let c = [("x-client-tenant", "c")];
+    assert!(reached_gpu(&classify(&s, &c, json!({"text": TEXT})).await.json()));
+    let calls = stub.requests();
+    for _ in 0..2 {
+        let d = classify(&s, &c, json!({"text": TEXT})).await.json();
+        assert!(!reached_gpu(&d) && steps(&d)[0].0 == "cpu", "{d}");
+        assert!(
+            d.to_string().contains("tenant c spent its gpu_daily_budget of 1 calls (renews at midnight UTC)"),
+            "{d}"
+        );
+    }
+    assert_eq!(stub.requests(), calls, "no gpu call past the budget");
+
     let m = metrics(&s).await;
     assert!(m.contains("tiergate_tenant_limited_total{tenant=\"a\",limit=\"gpu_share\"} 1"), "{m}");
+    assert!(m.contains("tiergate_tenant_limited_total{tenant=\"c\",limit=\"gpu_daily_budget\"} 2"), "{m}");
     assert!(!m.contains("tenant=\"b\",limit="), "{m}");
 }

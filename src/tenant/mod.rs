@@ -2,3 +2,4 @@
 //! (`quota`).
 
 pub mod quota;
+pub mod shared;

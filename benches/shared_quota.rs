@@ -48,7 +48,8 @@ fn bench(c: &mut Criterion) {
         b.iter(|| rt.block_on(local.check_rate(black_box("payments"), quota)).unwrap())
     });
     let calls = redis.all_command_calls();
-    let total: u64 = calls.iter().filter(|(c, _)| !c.starts_with("info") && !c.starts_with("config")).map(|(_, n)| n).sum();
+    let total: u64 =
+        calls.iter().filter(|(c, _)| !c.starts_with("info") && !c.starts_with("config")).map(|(_, n)| n).sum();
     println!("redis commands: {calls:?}; {total} commands for {checks} shared checks");
 }
 

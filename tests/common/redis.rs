@@ -160,7 +160,11 @@ impl Redis {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
                 panic!("redis-server exited ({status}) before accepting; log:\n{}", self.log_tail());
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "redis: no listener within 30 s:\n{}", self.log_tail());
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "redis: no listener within 30 s:\n{}",
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         eprintln!("redis {} up {:?} after spawn (log {:?})", self.url(), started.elapsed(), self.log);
@@ -188,6 +192,14 @@ impl Redis {
             .find_map(|line| line.strip_prefix(&prefix))
             .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
             .unwrap_or(0)
+    }
+
+    /// `total_connections_received` from `INFO stats`, asked over `conn` (a connection kept
+    /// open by the caller, so that asking opens no new one).
+    pub fn connections_received(conn: &mut ::redis::Connection) -> u64 {
+        let info: String = ::redis::cmd("INFO").arg("stats").query(conn).unwrap();
+        let value = info.lines().find_map(|l| l.strip_prefix("total_connections_received:"));
+        value.expect("INFO stats has total_connections_received").trim().parse().unwrap()
     }
 
     /// Every command's call count from `INFO commandstats`, `(command, calls)`.

@@ -152,9 +152,7 @@ impl SharedQuotas {
         match self.on_outage {
             OnOutage::Local => local.await,
             OnOutage::Open => Ok(()),
-            OnOutage::Closed => {
-                Err(Denied { limit: "quota_store_unavailable", retry_after: self.closed_retry_after })
-            }
+            OnOutage::Closed => Err(Denied { limit: "quota_store_unavailable", retry_after: self.closed_retry_after }),
         }
     }
 }
@@ -258,9 +256,11 @@ impl Link {
         let link = Arc::clone(self);
         tokio::spawn(async move {
             let config = redis::AsyncConnectionConfig::new().set_connection_timeout(CONNECT_TIMEOUT);
-            let made =
-                tokio::time::timeout(CONNECT_TIMEOUT, link.client.get_multiplexed_async_connection_with_config(&config))
-                    .await;
+            let made = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                link.client.get_multiplexed_async_connection_with_config(&config),
+            )
+            .await;
             match made {
                 Ok(Ok(conn)) => {
                     *link.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);

@@ -77,6 +77,7 @@ fn bench(c: &mut Criterion) {
         });
     }
     let snapshot = SignalsSnapshot {
+        tenant: Default::default(),
         cpu: CpuSignals {
             utilization: Some(0.4),
             queue_depth: 2,

@@ -12,6 +12,7 @@ use crate::policy::PoliciesConfig;
 use crate::proxy::config::{ProxyConfig, RouteConfig};
 use crate::proxy::Proxy;
 use crate::signals::SignalsConfig;
+use crate::tenant::TenantsConfig;
 use crate::tier::{GpuBackend, GpuConfig, ModelConfig, Provider};
 use crate::web::ServerConfig;
 use serde::Deserialize;
@@ -45,6 +46,8 @@ pub struct Config {
     pub gpu: GpuConfig,
     pub signals: SignalsConfig,
     pub admission: AdmissionConfig,
+    /// Tenants: identity sources, classes, quotas (`crate::tenant`).
+    pub tenants: TenantsConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
     /// The live drift monitor.
@@ -66,6 +69,7 @@ impl Default for Config {
             gpu: GpuConfig::default(),
             signals: SignalsConfig::default(),
             admission: AdmissionConfig::default(),
+            tenants: TenantsConfig::default(),
             admin: AdminConfig::default(),
             shadow: ShadowConfig::default(),
             drift: DriftConfig::default(),
@@ -129,6 +133,7 @@ impl Config {
             policies: &self.policies,
             signals: &self.signals,
             admission: &self.admission,
+            tenants: &self.tenants,
             shadow: &self.shadow,
             drift: &self.drift,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
@@ -178,6 +183,12 @@ impl Config {
             self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
         }
         self.drift.validate()?;
+        self.tenants.check(self.admission.quota())?;
+        for (i, route) in self.routes.iter().enumerate() {
+            if let Some(tenant) = route.screen.as_ref().and_then(|s| s.tenant_name.as_deref()) {
+                self.tenants.check_route_tenant(&format!("routes[{i}].screen.tenant_name"), tenant)?;
+            }
+        }
         crate::proxy::validate(&self.proxy, &self.routes)?;
         if let Some(audit) = &self.audit {
             audit.validate()?;

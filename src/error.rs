@@ -35,9 +35,11 @@ pub enum ApiError {
     /// 405
     #[error("method {method} is not allowed on {path}; allowed: {allowed}")]
     MethodNotAllowed { method: String, path: String, allowed: &'static str },
-    /// 429: the tenant is over its rate limit.
-    #[error("tenant `{tenant}` is over its rate limit; retry in {retry_after_s} s")]
-    RateLimited { tenant: String, retry_after_s: u64 },
+    /// 429: the tenant is over a limit of its class. `tenant`: a known tenant or `other` (every
+    /// unknown tenant shares one limit); `limit`: the limit's stable name (`rate`,
+    /// `quota_store_unavailable`), also the body's `error.limit`; `detail`: its setting in words.
+    #[error("tenant `{tenant}` is over its {limit} limit ({detail}); retry in {retry_after_s} s")]
+    RateLimited { tenant: String, limit: &'static str, detail: String, retry_after_s: u64 },
     /// 503: both model tiers are saturated and the policy says to shed.
     #[error("overloaded: {reason}; retry in {retry_after_s} s")]
     Shed { reason: String, retry_after_s: u64 },
@@ -153,6 +155,9 @@ impl ApiError {
         }
         if let ApiError::PolicyInvalid { problems } = &self {
             error["problems"] = json!(problems);
+        }
+        if let ApiError::RateLimited { limit, .. } = &self {
+            error["limit"] = json!(limit);
         }
         let mut body = json!({ "error": error });
         if let ApiError::Blocked { decision, .. } = &self {

@@ -338,6 +338,7 @@ fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> 
     let mut config = load_config(config)?;
     config.policies.watch = false;
     config.admission.tenant_rps = 0;
+    config.tenants.without_limits();
     config.shadow = tiergate::gateway::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

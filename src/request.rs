@@ -4,6 +4,7 @@
 //! field and the limit.
 
 use crate::error::ApiError;
+use crate::tenant::{Identity, Tenants};
 use crate::web::{headers, ServerConfig};
 use http::HeaderMap;
 use serde_json::{Map, Value};
@@ -20,8 +21,13 @@ pub struct ClassifyRequest {
     pub text: Arc<str>,
     /// At most `server.max_features` keys; visible to rules as `features.KEY`.
     pub features: Map<String, Value>,
-    /// At most [`MAX_TENANT_BYTES`] bytes.
+    /// The tenant as rules and the audit see it. As parsed: the request's own claim, at most
+    /// [`MAX_TENANT_BYTES`] bytes; after [`ClassifyRequest::identify`], the resolved name
+    /// (`None` unless a configured source or an accepted claim named one).
     pub tenant: Option<String>,
+    /// Who the request's limits count against, set by [`ClassifyRequest::identify`] at the
+    /// front door; `None` (offline runs): the unknown tenant of the default class.
+    pub identity: Option<Identity>,
     /// Time budget for the decision; past it model tiers are abandoned and rules decide.
     pub deadline: Duration,
     /// Add the complexity contributions, the signals snapshot and the routing reasons.
@@ -58,7 +64,19 @@ impl ClassifyRequest {
         if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
             return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
         }
-        Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline, explain: false })
+        Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline, explain: false, identity: None })
+    }
+
+    /// Resolves the tenant from the configured sources ([`Tenants::resolve`]): `headers`, the
+    /// proxy route's `route` tenant, and this request's own claim (counted only under
+    /// `[tenants] accept_claimed`). Replaces `tenant` with the resolved name.
+    ///
+    /// Errors: `InvalidField` naming the trusted header or `tenant` for a name that is not valid.
+    pub fn identify(&mut self, tenants: &Tenants, headers: &HeaderMap, route: Option<&str>) -> Result<(), ApiError> {
+        let identity = tenants.resolve(headers, route, self.tenant.as_deref())?;
+        self.tenant = identity.name.clone();
+        self.identity = Some(identity);
+        Ok(())
     }
 
     /// Parses a `/v1/classify` body, `{"text": str, "features": {..}?, "tenant": str?}`, with the

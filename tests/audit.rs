@@ -76,6 +76,8 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     let policies = common::repo().join("policies");
     let mut config = common::config_with_routes(&policies, &routes);
     config.audit = Some(AuditConfig { dir: dir.clone(), text: TextMode::Redacted, ..AuditConfig::default() });
+    // The requests name their tenant themselves; the audit records it only where claims count.
+    config.tenants.accept_claimed = true;
     // A candidate under which every model verdict is at least `review`: it disagrees with the
     // live policy's `allow`s.
     let routing = std::fs::read_to_string(policies.join("routing.toml")).unwrap();

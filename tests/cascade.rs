@@ -261,9 +261,14 @@ async fn complex_requests_start_on_the_gpu_and_explain_says_why() {
 
 #[tokio::test]
 async fn tenants_over_their_rate_get_429_with_retry_after() {
+    // `[admission]` (the older single rate) is the default class's rate: every tenant the
+    // config does not know shares it; a known tenant counts on its own key.
     let mut c = config(&repo().join("policies"));
     c.admission.tenant_rps = 1;
     c.admission.tenant_burst = 2;
+    c.tenants = tiergate::Config::parse("[tenants]\naccept_claimed = true\n[tenants.known]\nglobex = \"default\"\n")
+        .unwrap()
+        .tenants;
     let addr = start(c);
     for _ in 0..2 {
         assert_eq!(classify(addr, json!({"text": "hi", "tenant": "acme"})).await.status, 200);
@@ -271,7 +276,14 @@ async fn tenants_over_their_rate_get_429_with_retry_after() {
     let r = classify(addr, json!({"text": "hi", "tenant": "acme"})).await;
     assert_eq!(r.status, 429);
     assert!(r.headers["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
-    assert_eq!(r.json()["error"]["code"], "rate_limited");
+    let error = &r.json()["error"];
+    assert_eq!(
+        (error["code"].as_str(), error["limit"].as_str(), error["field"].as_str()),
+        (Some("rate_limited"), Some("rate"), Some("tenant"))
+    );
+    assert!(error["message"].as_str().unwrap().contains("tenant `other` is over its rate limit"), "{error}");
+    let r = classify(addr, json!({"text": "hi", "tenant": "initech"})).await;
+    assert_eq!(r.status, 429, "another unknown name shares the same limit");
     let r = send(
         addr,
         "POST",
@@ -280,7 +292,7 @@ async fn tenants_over_their_rate_get_429_with_retry_after() {
         r#"{"text":"hi"}"#,
     )
     .await;
-    assert_eq!(r.status, 200, "another tenant has its own budget");
+    assert_eq!(r.status, 200, "a known tenant has its own budget");
 }
 
 #[tokio::test]

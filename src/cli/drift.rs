@@ -196,6 +196,7 @@ fn make_reference(data: &Path, out: &Path, config: Option<PathBuf>) -> anyhow::R
     let mut config = crate::load_config(config)?;
     config.policies.watch = false;
     config.admission.tenant_rps = 0;
+    config.tenants.without_limits();
     config.shadow = Default::default();
     // The reference being remade may be stale or absent: the monitor is not needed here.
     config.drift.enabled = false;

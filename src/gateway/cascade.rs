@@ -14,6 +14,8 @@ use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{self, Fallback, Ineligible, Next, SignalsSnapshot, Stage, Start, Tried};
+use crate::tenant::metrics::TenantMetrics;
+use crate::tenant::{fair_share_slots, GpuSlot, Identity, QuotaStore};
 use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::{OnnxPool, Prepared};
@@ -37,6 +39,55 @@ pub struct LiveTiers<'a> {
     pub gpu: Option<&'a GpuTier>,
     pub metrics: &'a Metrics,
     pub recorded: &'a Mutex<Recorded>,
+    /// The request's tenant, whose gpu share and daily budget gate each gpu call.
+    pub tenant: TenantGate<'a>,
+}
+
+/// The tenant limits a live gpu call passes: a slot of the tenant's fair share (taken
+/// atomically, so racing requests cannot overshoot what the snapshot saw) and one call from its
+/// daily budget. Refused: the call is not made, the tier answers `Unavailable` with the reason,
+/// and routing goes on down the cascade.
+pub struct TenantGate<'a> {
+    pub identity: &'a Identity,
+    pub quotas: &'a dyn QuotaStore,
+    pub metrics: &'a TenantMetrics,
+}
+
+impl TenantGate<'_> {
+    /// Takes the slot and the budget call; the slot is held until the returned guard drops.
+    async fn enter_gpu(&self, policy: &Policy) -> Result<Option<GpuSlot>, TierError> {
+        let state = &self.identity.state;
+        let class = &state.class;
+        let slot = match class.gpu_share {
+            None => None,
+            Some(share) => {
+                let slots = fair_share_slots(share, policy.gpu.max_in_flight);
+                let Some(slot) = state.gpu.try_acquire(slots) else {
+                    self.metrics.limited(&state.label, "gpu_share");
+                    let in_flight = state.gpu.in_flight();
+                    let why = Ineligible::TenantGpuShare { tenant: state.label.clone(), in_flight, share, slots };
+                    return Err(TierError::Unavailable(why.to_string()));
+                };
+                Some(slot)
+            }
+        };
+        if let Some(per_day) = class.gpu_daily_budget {
+            if let Err(denied) = self.quotas.take_daily(&state.key, per_day).await {
+                self.metrics.limited(&state.label, denied.limit);
+                if denied.limit != "gpu_daily_budget" {
+                    return Err(TierError::Unavailable(format!(
+                        "tenant gpu budget: quota store refused ({})",
+                        denied.limit
+                    )));
+                }
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                state.mark_budget_spent((now + denied.retry_after).as_secs());
+                let why = Ineligible::TenantGpuBudget { tenant: state.label.clone(), per_day };
+                return Err(TierError::Unavailable(why.to_string()));
+            }
+        }
+        Ok(slot)
+    }
 }
 
 impl LiveTiers<'_> {
@@ -84,6 +135,7 @@ impl Tiers<'_> {
                 let Some(gpu) = live.gpu else {
                     return Err(TierError::Unavailable("no gpu tier configured".into()));
                 };
+                let _slot = live.tenant.enter_gpu(policy).await?;
                 let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).await;
                 live.observe_batch(TierName::Gpu, &r);
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());

@@ -1,4 +1,4 @@
-//! The gateway's own config sections (`[admission]`, `[shadow]`), and [`GatewayConfig`], every
+//! The gateway's own config sections (`[admission]`, `[shadow]`; `[tenants]` is the tenant module's), and [`GatewayConfig`], every
 //! section the gateway starts from, borrowed from the loaded config.
 
 use crate::policy::PoliciesConfig;
@@ -16,6 +16,8 @@ pub struct GatewayConfig<'a> {
     pub policies: &'a PoliciesConfig,
     pub signals: &'a SignalsConfig,
     pub admission: &'a AdmissionConfig,
+    /// `[tenants]`: identity sources, known tenants, classes and their limits.
+    pub tenants: &'a crate::tenant::TenantsConfig,
     pub shadow: &'a ShadowConfig,
     pub drift: &'a crate::drift::DriftConfig,
     /// Policy directories named by `[routes.screen] policy`, in route order (duplicates allowed).
@@ -37,14 +39,26 @@ pub struct ShadowConfig {
     pub log: Option<PathBuf>,
 }
 
-/// `[admission]`: per-tenant rate limits (GCRA, crate `governor`).
+/// `[admission]`: the older, single tenant rate. Kept working: it is the rate of `[tenants]`'s
+/// default class (every unknown tenant together), unless that class sets its own `rate` (then
+/// it is a config error to set both). Per-tenant rates belong in `[tenants.classes]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdmissionConfig {
-    /// Sustained requests per second per tenant; 0 turns tenant limits off.
+    /// Sustained requests per second; 0 turns this limit off.
     pub tenant_rps: u32,
-    /// Burst size per tenant.
+    /// Burst size (0: the same as `tenant_rps`).
     pub tenant_burst: u32,
+}
+
+impl AdmissionConfig {
+    /// The quota it sets, if any.
+    pub fn quota(&self) -> Option<crate::tenant::Quota> {
+        (self.tenant_rps > 0).then(|| crate::tenant::Quota {
+            per_second: self.tenant_rps,
+            burst: if self.tenant_burst == 0 { self.tenant_rps } else { self.tenant_burst },
+        })
+    }
 }
 
 impl Default for AdmissionConfig {

@@ -6,12 +6,12 @@ use super::{Gateway, GatewayConfig, Sources};
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::policy::{Policy, PolicyError, PolicyStore};
 use crate::signals::SignalsHub;
+use crate::tenant::metrics::TenantMetrics;
+use crate::tenant::{LocalQuotas, QuotaStore, Tenants};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::GpuBackend;
-use governor::{Quota, RateLimiter};
 use std::collections::BTreeMap;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -41,15 +41,14 @@ impl Gateway {
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
         let gpu = GpuTier::start(env, config.gpu)?;
-        let admission = config.admission;
-        let tenants = NonZeroU32::new(admission.tenant_rps).map(|rps| {
-            let burst = NonZeroU32::new(admission.tenant_burst).unwrap_or(rps);
-            RateLimiter::keyed(Quota::per_second(rps).allow_burst(burst))
-        });
+        let tenants = Arc::new(Tenants::new(config.tenants, config.admission.quota()));
+        // Rate and budget state in this process; a store shared by replicas goes here.
+        let quotas: Arc<dyn QuotaStore> = Arc::new(LocalQuotas::new());
         let signals = SignalsHub::new(config.signals);
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
+        let tenant_metrics = TenantMetrics::register(metrics.registry_mut());
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let drift =
@@ -63,6 +62,8 @@ impl Gateway {
             metrics,
             signals,
             tenants,
+            quotas,
+            tenant_metrics,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
             shadow: Shadow::start(config.shadow)?,
@@ -160,17 +161,14 @@ impl Gateway {
     }
 }
 
-/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory. The sweep walks every
-/// tenant's limiter state, so the whole chore runs on the blocking pool, never on a runtime
-/// thread that serves requests; it ends once the gateway is gone.
+/// Periodic upkeep off the request path: the p95 refresh, on the blocking pool, never on a
+/// runtime thread that serves requests; it ends once the gateway is gone. (Tenant limit state
+/// needs no sweep: its keys are the known tenants plus one shared by every unknown tenant.)
 async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
     every_off_runtime(every, move || {
         let Some(g) = gateway.upgrade() else { return false };
         if let Some(gpu) = &g.gpu {
             gpu.latency.refresh();
-        }
-        if let Some(tenants) = &g.tenants {
-            tenants.retain_recent();
         }
         true
     })

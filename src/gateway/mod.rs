@@ -18,6 +18,7 @@ mod guard;
 mod lifecycle;
 pub mod shadow;
 
+pub use cascade::TenantGate;
 pub use config::{AdmissionConfig, GatewayConfig, ShadowConfig};
 
 use crate::complexity;
@@ -26,10 +27,12 @@ use crate::error::ApiError;
 use crate::metrics::{DecisionLabels, Metrics, StepLabels};
 use crate::policy::{Policy, PolicyStore};
 use crate::request::ClassifyRequest;
-use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
+use crate::tenant::metrics::{TenantLabels, TenantMetrics};
+use crate::tenant::{Identity, QuotaStore, Tenants};
 use crate::text::{self, LanguageCell};
 use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::{Backend, GpuTier};
@@ -37,7 +40,6 @@ use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;
 use crate::tier::GpuBackend;
 use cascade::{Inputs, LiveTiers, Rating, Recorded, Tiers};
-use governor::DefaultKeyedRateLimiter;
 use shadow::Shadow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,7 +67,13 @@ pub struct Gateway {
     pub route_policies: BTreeMap<PathBuf, PolicyStore>,
     pub metrics: Metrics,
     pub signals: Arc<SignalsHub>,
-    tenants: Option<DefaultKeyedRateLimiter<String>>,
+    /// `[tenants]`: resolves who a request is for (the front doors call
+    /// [`ClassifyRequest::identify`] with it) and holds each limit key's gpu slots.
+    pub tenants: Arc<Tenants>,
+    /// Where rate and daily-budget state lives: this process ([`crate::tenant::LocalQuotas`])
+    /// or a store shared by replicas.
+    pub quotas: Arc<dyn QuotaStore>,
+    pub tenant_metrics: TenantMetrics,
     gpu_backend: GpuBackend,
     /// Keeps the policy directory watches (live and shadow) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
@@ -142,7 +150,20 @@ impl Gateway {
         };
         // The limits' hysteresis: what this snapshot is below is the next one's `was_below`.
         *self.gpu_below.lock().unwrap_or_else(|e| e.into_inner()) = select::gpu_below(&gpu, &policy.gpu);
-        SignalsSnapshot { cpu, gpu }
+        SignalsSnapshot { cpu, gpu, tenant: TenantSignals::default() }
+    }
+
+    /// What routing knows of `identity`'s tenant now: its gpu slots held, its class's share,
+    /// whether its daily gpu budget is known spent.
+    pub fn tenant_signals(&self, identity: &Identity) -> TenantSignals {
+        let state = &identity.state;
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        TenantSignals {
+            tenant: state.label.clone(),
+            gpu_in_flight: state.gpu.in_flight(),
+            gpu_share: state.class.gpu_share,
+            gpu_budget_spent: state.class.gpu_daily_budget.filter(|_| state.budget_spent(now_s)),
+        }
     }
 
     /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
@@ -185,14 +206,21 @@ impl Gateway {
     ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
         let policy = store.snapshot();
-        self.admit(&req)?;
-        let snapshot = self.snapshot(started, &policy);
+        let identity = self.admit(&req).await?;
+        let mut snapshot = self.snapshot(started, &policy);
+        snapshot.tenant = self.tenant_signals(&identity);
+        if let (None, Err(why)) =
+            (&snapshot.gpu.unavailable, select::tenant_gpu_eligibility(&snapshot.tenant, policy.gpu.max_in_flight))
+        {
+            self.tenant_metrics.limited(&identity.state.label, why.limit_name());
+        }
         let recorded = Mutex::new(Recorded::default());
         let tiers = Tiers::Live(LiveTiers {
             cpu: &self.cpu,
             gpu: self.gpu.as_ref(),
             metrics: &self.metrics,
             recorded: &recorded,
+            tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
         });
         let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
         let rating = self.rate(&policy, &req, &snapshot);
@@ -220,15 +248,42 @@ impl Gateway {
         Ok((decision, shadow))
     }
 
-    /// Tenant admission (GCRA per tenant, crate `governor`): `RateLimited` with `Retry-After`.
-    fn admit(&self, req: &ClassifyRequest) -> Result<(), ApiError> {
-        let Some(limiter) = &self.tenants else { return Ok(()) };
-        let key = req.tenant.clone().unwrap_or_default();
-        limiter.check_key(&key).map_err(|not_until| {
-            self.metrics.rate_limited.inc();
-            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
-            ApiError::RateLimited { tenant: key, retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64 }
-        })
+    /// Tenant admission: the request's limit key (its known tenant, or the one key every unknown
+    /// tenant shares) against its class's GCRA rate in the quota store. Returns who it counts as.
+    ///
+    /// Errors: `RateLimited` (429, `Retry-After`, the limit named) over the rate, or when a
+    /// shared store is out of reach under `on_outage = "closed"`.
+    async fn admit(&self, req: &ClassifyRequest) -> Result<Identity, ApiError> {
+        let identity = req.identity.clone().unwrap_or_else(|| self.tenants.unknown());
+        let state = &identity.state;
+        if let Some(quota) = state.class.rate {
+            if let Err(denied) = self.quotas.check_rate(&state.key, quota).await {
+                self.metrics.rate_limited.inc();
+                self.tenant_metrics.limited(&state.label, denied.limit);
+                let detail = match denied.limit {
+                    "rate" => format!(
+                        "class `{}`: {} per second, burst {}{}",
+                        state.class.name,
+                        quota.per_second,
+                        quota.burst,
+                        if identity.state.label == crate::tenant::identity::OTHER {
+                            ", shared by every unknown tenant"
+                        } else {
+                            ""
+                        }
+                    ),
+                    other => format!("the quota store refused: {other}"),
+                };
+                return Err(ApiError::RateLimited {
+                    tenant: state.label.clone(),
+                    limit: denied.limit,
+                    detail,
+                    retry_after_s: denied.retry_after.as_secs_f64().ceil().max(1.0) as u64,
+                });
+            }
+        }
+        self.tenant_metrics.requests.get_or_create(&TenantLabels { tenant: state.label.clone() }).inc();
+        Ok(identity)
     }
 
     /// What the cascade reads of a request: the canonical text (look-alike letters folded,

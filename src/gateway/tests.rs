@@ -46,6 +46,7 @@ fn policy(extra: &str) -> Policy {
 /// Load as routing sees it; `gpu`: whether a gpu tier exists.
 fn snapshot(gpu: bool) -> SignalsSnapshot {
     SignalsSnapshot {
+        tenant: Default::default(),
         cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
         gpu: GpuSignals {
             unavailable: (!gpu).then(|| "no gpu tier configured".to_string()),

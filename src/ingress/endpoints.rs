@@ -69,6 +69,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     web::require_json(&parts.headers)?;
     let bytes = web::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
     let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.limits)?;
+    request.identify(&app.gateway.tenants, &parts.headers, None)?;
     request.explain = request::explain_flag(parts.uri.query())?;
     if request.explain && matches!(app.role, Role::Public { views, .. } if !views.explain) {
         return Err(ApiError::invalid(

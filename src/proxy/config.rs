@@ -128,9 +128,14 @@ pub struct ScreenConfig {
     /// Feature name -> source; a missing source leaves the feature out.
     #[serde(default)]
     pub features: BTreeMap<String, String>,
-    /// Source of the tenant (rate limits, rules); absent: the `x-tiergate-tenant` header.
+    /// Source of the tenant the request claims (absent: the `x-tiergate-tenant` header); a claim
+    /// counts only under `[tenants] accept_claimed = true`.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// The tenant every request on this route is for (a tenant in `[tenants.known]`); an API
+    /// key or the trusted header still takes precedence.
+    #[serde(default)]
+    pub tenant_name: Option<String>,
     /// Largest body read for screening, bytes.
     #[serde(default = "default_screen_body")]
     pub max_body_bytes: usize,

@@ -7,6 +7,7 @@ use crate::decision::Decision;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::request::{self, ClassifyRequest};
+use crate::tenant::Tenants;
 use crate::web::{self, ServerConfig};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, CONTENT_LENGTH};
@@ -162,7 +163,7 @@ where
     } else {
         (None, Outgoing::Stream(body))
     };
-    let request = match classify_request(limits, screen, parts, json.as_ref()) {
+    let request = match classify_request(limits, &gateway.tenants, screen, parts, json.as_ref()) {
         Ok(request) => request,
         Err(e) => return (Err(e), outgoing),
     };
@@ -232,9 +233,11 @@ where
     }
 }
 
-/// The classify request the sources give.
+/// The classify request the sources give, its tenant resolved as on `/v1/classify` (the route's
+/// `tenant_name` counts as a source; its claim source is read only when claims count).
 fn classify_request(
     limits: &ServerConfig,
+    tenants: &Tenants,
     screen: &Screen,
     parts: &Parts,
     json: Option<&Value>,
@@ -254,7 +257,8 @@ fn classify_request(
     }
     let features: serde_json::Map<String, Value> =
         screen.features.iter().filter_map(|(name, source)| Some((name.clone(), source.get(parts, json)?))).collect();
-    let tenant = match &screen.tenant {
+    let claimed = match &screen.tenant {
+        _ if !tenants.accepts_claims() => None,
         Some(source) => source.get(parts, json).map(|v| match v {
             Value::String(s) => s,
             other => other.to_string(),
@@ -262,7 +266,9 @@ fn classify_request(
         None => request::tenant_header(&parts.headers),
     };
     let deadline = Duration::from_millis(screen.config.deadline_ms.unwrap_or(limits.default_deadline_ms));
-    ClassifyRequest::new(text, features, tenant, deadline, limits)
+    let mut request = ClassifyRequest::new(text, features, claimed, deadline, limits)?;
+    request.identify(tenants, &parts.headers, screen.config.tenant_name.as_deref())?;
+    Ok(request)
 }
 
 /// The text in a JSON value: a string as it is, the strings inside arrays and objects in order,

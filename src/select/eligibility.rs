@@ -1,8 +1,9 @@
 //! Whether a model tier may take a request now, and if not, why ([`Ineligible`]).
 
-use super::signals::{Below, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use super::signals::{Below, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
 use super::Outcome;
 use crate::policy::{GpuLimits, Policy, UnknownSignal};
+use crate::tenant::fair_share_slots;
 use crate::tier::breaker::CircuitState;
 use std::fmt;
 use std::time::Duration;
@@ -53,6 +54,19 @@ pub enum Ineligible {
         wait_us: u64,
         service_us: u64,
     },
+    /// The request's tenant holds its fair share of the gpu tier already (`[tenants.classes]
+    /// gpu_share` of `[gpu] max_in_flight`): it goes down the cascade, other tenants do not wait.
+    TenantGpuShare {
+        tenant: String,
+        in_flight: usize,
+        share: f64,
+        slots: usize,
+    },
+    /// The request's tenant spent its daily budget of gpu-tier calls (until midnight UTC).
+    TenantGpuBudget {
+        tenant: String,
+        per_day: u32,
+    },
     /// The cascade already ran this tier for this request.
     AlreadyTried,
     /// The tier was just tried and failed with this outcome.
@@ -73,6 +87,18 @@ impl Ineligible {
             | Ineligible::KvCacheHeadroom { .. } => true,
             Ineligible::Deadline { wait_us, .. } => *wait_us > 0,
             _ => false,
+        }
+    }
+}
+
+impl Ineligible {
+    /// The tenant limit's stable name (`gpu_share`, `gpu_daily_budget`) for a tenant reason;
+    /// `other` for the rest.
+    pub fn limit_name(&self) -> &'static str {
+        match self {
+            Ineligible::TenantGpuShare { .. } => "gpu_share",
+            Ineligible::TenantGpuBudget { .. } => "gpu_daily_budget",
+            _ => "other",
         }
     }
 }
@@ -110,6 +136,13 @@ impl fmt::Display for Ineligible {
                 *wait_us as f64 / 1000.0,
                 *service_us as f64 / 1000.0
             ),
+            Ineligible::TenantGpuShare { tenant, in_flight, share, slots } => write!(
+                f,
+                "tenant {tenant} at its gpu fair share: {in_flight} in flight, gpu_share {share} of max_in_flight = {slots}"
+            ),
+            Ineligible::TenantGpuBudget { tenant, per_day } => {
+                write!(f, "tenant {tenant} spent its gpu_daily_budget of {per_day} calls (renews at midnight UTC)")
+            }
             Ineligible::AlreadyTried => write!(f, "already tried"),
             Ineligible::Failed(outcome) => write!(f, "gpu tier {}", outcome.as_str()),
         }
@@ -164,6 +197,7 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
     if g.in_flight >= limits.max_in_flight {
         return Err(Ineligible::InFlight { in_flight: g.in_flight, max: limits.max_in_flight });
     }
+    tenant_gpu_eligibility(&s.tenant, limits.max_in_flight)?;
     let unknown_ineligible = policy.routing.unknown_signals == UnknownSignal::Ineligible;
     let below = gpu_below(g, limits);
     match &g.memory {
@@ -186,6 +220,27 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
         return Err(Ineligible::NoHealthyEndpoint);
     }
     covers(remaining, g.queue_wait_us, g.p95_us, "gpu")
+}
+
+/// Whether the request's tenant may use the gpu tier: under its fair share of the tier's
+/// concurrency (`max_in_flight`) and with daily budget left. Either limit only ever sends this
+/// tenant's request down the cascade; it never holds another tenant's back.
+pub fn tenant_gpu_eligibility(t: &TenantSignals, max_in_flight: usize) -> Result<(), Ineligible> {
+    if let Some(share) = t.gpu_share {
+        let slots = fair_share_slots(share, max_in_flight);
+        if t.gpu_in_flight >= slots {
+            return Err(Ineligible::TenantGpuShare {
+                tenant: t.tenant.clone(),
+                in_flight: t.gpu_in_flight,
+                share,
+                slots,
+            });
+        }
+    }
+    match t.gpu_budget_spent {
+        Some(per_day) => Err(Ineligible::TenantGpuBudget { tenant: t.tenant.clone(), per_day }),
+        None => Ok(()),
+    }
 }
 
 /// A "stay at or above `min`" limit with hysteresis (a Schmitt trigger): below it once `value`

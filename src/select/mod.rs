@@ -15,8 +15,8 @@
 mod eligibility;
 mod signals;
 
-pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, Ineligible};
-pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, tenant_gpu_eligibility, Ineligible};
+pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
 
 use crate::complexity::Complexity;
 use crate::policy::{Policy, WhenSaturated};

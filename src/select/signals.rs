@@ -10,6 +10,23 @@ use serde::Serialize;
 pub struct SignalsSnapshot {
     pub cpu: CpuSignals,
     pub gpu: GpuSignals,
+    /// The request's tenant's use of the gpu tier (its fair share, its daily budget).
+    pub tenant: TenantSignals,
+}
+
+/// What routing knows of the request's tenant: its requests on the gpu tier now (this
+/// replica), its class's share of the tier, and whether its daily gpu budget is spent. All
+/// unknown tenants count as one. Default: no tenant limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TenantSignals {
+    /// The tenant's metrics label (a known tenant, or `other`), for reasons in words.
+    pub tenant: String,
+    /// The tenant's requests holding a gpu slot now.
+    pub gpu_in_flight: usize,
+    /// Its class's `gpu_share` of the policy's `[gpu] max_in_flight`; `None`: no share limit.
+    pub gpu_share: Option<f64>,
+    /// `Some(per_day)` when its daily budget of `per_day` gpu calls is spent (until midnight UTC).
+    pub gpu_budget_spent: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -36,6 +36,7 @@ fn policy(extra: &str) -> Policy {
 
 fn idle() -> SignalsSnapshot {
     SignalsSnapshot {
+        tenant: Default::default(),
         cpu: CpuSignals {
             utilization: Some(0.2),
             queue_depth: 0,
@@ -452,4 +453,64 @@ fn unread_text_hands_over_an_ok_verdict_but_not_a_risk_one() {
     let mut risk = verdict(0.97, Some(0.5));
     risk.unread = true;
     assert_eq!(after_cpu(&risk, &en(), &complexity(0.2), &p, &none), Next::Accept { note: None });
+}
+
+/// A tenant holding `in_flight` gpu slots under a class with `share` of the tier.
+fn tenant(name: &str, in_flight: usize, share: Option<f64>) -> TenantSignals {
+    TenantSignals { tenant: name.into(), gpu_in_flight: in_flight, gpu_share: share, gpu_budget_spent: None }
+}
+
+#[test]
+fn a_tenant_at_its_gpu_share_is_routed_down_while_another_tenant_gets_the_gpu() {
+    // max_in_flight 4, gpu_share 0.5: two slots per tenant.
+    let p = policy("");
+    let mut busy = idle();
+    busy.gpu.in_flight = 2;
+    busy.tenant = tenant("chat", 2, Some(0.5));
+    let s = start(&complexity(0.8), &p, &busy, PLENTY);
+    assert_eq!(s.stage, Stage::Cpu, "{}", s.reason);
+    let why = Ineligible::TenantGpuShare { tenant: "chat".into(), in_flight: 2, share: 0.5, slots: 2 };
+    assert_eq!(s.gpu, Err(why.clone()));
+    assert!(s.reason.contains("tenant chat at its gpu fair share: 2 in flight, gpu_share 0.5 of max_in_flight = 2"));
+    assert!(!why.is_capacity(), "a tenant's share is not overload: on_overload = \"shed\" must not answer 503");
+    // The same load, another tenant of the class: the gpu tier takes it.
+    let mut other = busy.clone();
+    other.tenant = tenant("payments", 0, Some(0.5));
+    assert_eq!(start(&complexity(0.8), &p, &other, PLENTY).stage, Stage::Gpu);
+    // After the cpu tier, an unsure verdict is not escalated for the tenant at its share.
+    let gpu = gpu_left(Tried { cpu: true, gpu: false }, &p, &busy, PLENTY);
+    match after_cpu(&verdict(0.8, Some(0.5)), &en(), &complexity(0.8), &p, &gpu) {
+        Next::Accept { note: Some(note) } => assert!(note.contains("at its gpu fair share"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        after_cpu(
+            &verdict(0.8, Some(0.5)),
+            &en(),
+            &complexity(0.8),
+            &p,
+            &gpu_left(Tried::default(), &p, &other, PLENTY)
+        ),
+        Next::Escalate { .. }
+    ));
+}
+
+#[test]
+fn tenant_gpu_limits_share_rounding_and_budget() {
+    let p = policy("");
+    // No share configured: no tenant limit, whatever it holds.
+    assert_eq!(tenant_gpu_eligibility(&tenant("a", 3, None), 4), Ok(()));
+    // 0.1 of 4 rounds up to one slot: a small class still reaches the tier.
+    assert_eq!(tenant_gpu_eligibility(&tenant("a", 0, Some(0.1)), 4), Ok(()));
+    assert!(tenant_gpu_eligibility(&tenant("a", 1, Some(0.1)), 4).is_err());
+    // A spent daily budget closes the gpu tier to the tenant, with the reason in words.
+    let mut s = idle();
+    s.tenant = TenantSignals { gpu_budget_spent: Some(1000), ..tenant("other", 0, None) };
+    let why = gpu_eligibility(&p, &s, PLENTY).unwrap_err();
+    assert_eq!(why, Ineligible::TenantGpuBudget { tenant: "other".into(), per_day: 1000 });
+    assert_eq!(why.to_string(), "tenant other spent its gpu_daily_budget of 1000 calls (renews at midnight UTC)");
+    assert_eq!(why.limit_name(), "gpu_daily_budget");
+    // A gpu tier that is not configured says so first.
+    s.gpu.unavailable = Some("no gpu tier configured".into());
+    assert!(matches!(gpu_eligibility(&p, &s, PLENTY), Err(Ineligible::NotConfigured(_))));
 }

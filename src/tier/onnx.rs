@@ -353,6 +353,7 @@ pub(crate) mod tests {
 
     fn signals(pool: &OnnxPool) -> SignalsSnapshot {
         SignalsSnapshot {
+            tenant: Default::default(),
             cpu: CpuSignals {
                 utilization: None,
                 queue_depth: pool.queue_depth(),

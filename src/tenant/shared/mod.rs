@@ -14,6 +14,7 @@ pub mod metrics;
 pub use config::{OnOutage, RedisConfig};
 pub use metrics::SharedQuotaMetrics;
 
+use super::local::LocalQuotas;
 use super::quota::{Denied, Quota, QuotaStore};
 use crate::tier::breaker::{BreakerConfig, CircuitBreaker, CircuitState};
 use futures_util::future::BoxFuture;
@@ -23,6 +24,33 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The quota store of a gateway: [`SharedQuotas`] over Redis when `[tenants.redis]` is set
+/// (falling back to a [`LocalQuotas`]; its metrics registered into `registry`; a connect
+/// started now when called on a runtime, so that the first requests are shared too), else a
+/// [`LocalQuotas`]. Errors name the config key.
+pub fn quota_store(
+    redis: Option<&RedisConfig>,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<Arc<dyn QuotaStore>, String> {
+    let Some(config) = redis else {
+        return Ok(Arc::new(LocalQuotas::new()));
+    };
+    let metrics = SharedQuotaMetrics::register(registry);
+    let store = Arc::new(SharedQuotas::new(config, Arc::new(LocalQuotas::new()), metrics)?);
+    tracing::info!(
+        redis = %store.link.client.get_connection_info().addr,
+        replicas = config.replicas,
+        on_outage = config.on_outage.as_str(),
+        "quota store: rates and daily budgets shared through Redis"
+    );
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let connecting = Arc::clone(&store);
+        // A failed connect is logged (and counted) by the store; requests take the outage path.
+        runtime.spawn(async move { drop(connecting.connect().await) });
+    }
+    Ok(store)
+}
 
 /// The GCRA script (see the file for its keys, arguments and reply).
 pub const GCRA_LUA: &str = include_str!("gcra.lua");

@@ -37,7 +37,7 @@ fn replica(name: &str, redis: &Redis) -> Sidecar {
          [policies]\ndir = \"{}\"\nwatch = false\n\
          [tenants]\ndefault_class = \"standard\"\n\
          [tenants.classes.standard]\nrate = {{ per_second = {PER_SECOND}, burst = {BURST} }}\n\
-         [tenants.redis]\nurl = \"{}\"\nreplicas = 2\ntimeout_ms = 200\nopen_ms = 300\n",
+         [tenants.redis]\nurl = \"{}\"\nreplicas = 2\ntimeout_ms = 500\nopen_ms = 300\n",
         repo.join("models").display(),
         repo.join("policies").display(),
         redis.url()

@@ -2,7 +2,7 @@
 //! replicas share it, how long a check may wait, and what happens while it is out of reach.
 //! Strict: unknown keys are errors, and [`RedisConfig::validate`] names the key at fault.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// Quotas shared by a fleet through one Redis (standalone, 5.0 or later; tested on 7.0).
 ///
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// on_outage = "local"              # "local" | "open" | "closed"
 /// timeout_ms = 5
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// The server, as a `redis://[user:password@]host:port[/db]` URL (`rediss://` is refused:
@@ -46,7 +46,7 @@ pub struct RedisConfig {
 }
 
 /// What a quota check does while the shared store is out of reach.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOutage {
     /// This replica's local limiter, at each quota divided by `replicas`.
@@ -175,5 +175,18 @@ mod tests {
             let e = c.validate().unwrap_err();
             assert!(e.contains(&format!("tenants.redis.{key}")), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn the_whole_config_names_the_section_key() {
+        use crate::config::Config;
+        let base = "[tenants.redis]\nurl = \"redis://127.0.0.1:6379\"\n";
+        let typo = Config::parse(&format!("{base}replicas = 2\ntimeout = 5")).unwrap_err().to_string();
+        assert!(typo.contains("tenants.redis") && typo.contains("timeout"), "{typo}");
+        let zero = Config::parse(&format!("{base}replicas = 0")).unwrap().validate().unwrap_err().to_string();
+        assert!(zero.contains("`tenants.redis.replicas` must be at least 1"), "{zero}");
+        let ok = Config::parse(&format!("{base}replicas = 3\non_outage = \"closed\"")).unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.tenants.redis.map(|r| (r.replicas, r.on_outage)), Some((3, OnOutage::Closed)));
     }
 }

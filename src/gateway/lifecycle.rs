@@ -7,7 +7,7 @@ use crate::metrics::{Metrics, ReloadLabels};
 use crate::policy::{Policy, PolicyError, PolicyStore};
 use crate::signals::SignalsHub;
 use crate::tenant::metrics::TenantMetrics;
-use crate::tenant::{LocalQuotas, QuotaStore, Tenants};
+use crate::tenant::Tenants;
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::GpuBackend;
@@ -41,14 +41,16 @@ impl Gateway {
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
         let gpu = GpuTier::start(env, config.gpu)?;
+        let shared_quotas = config.tenants.redis.clone();
         let tenants = Arc::new(Tenants::new(config.tenants, config.admission.quota()));
-        // Rate and budget state in this process; a store shared by replicas goes here.
-        let quotas: Arc<dyn QuotaStore> = Arc::new(LocalQuotas::new());
         let signals = SignalsHub::new(config.signals);
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
         let tenant_metrics = TenantMetrics::register(metrics.registry_mut());
+        // Rate and budget state: in Redis when [tenants.redis] is set, else in this process.
+        let quotas = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
+            .map_err(anyhow::Error::msg)?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let drift =

@@ -21,6 +21,7 @@
 
 use super::identity::valid_name;
 use super::quota::Quota;
+use super::shared::RedisConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -51,6 +52,9 @@ pub struct TenantsConfig {
     pub known: BTreeMap<String, String>,
     /// Classes by name.
     pub classes: BTreeMap<String, ClassConfig>,
+    /// `[tenants.redis]`: rate and daily-budget state shared by a fleet of replicas through
+    /// Redis ([`super::shared`]); absent: each replica keeps its own.
+    pub redis: Option<RedisConfig>,
 }
 
 impl Default for TenantsConfig {
@@ -62,6 +66,7 @@ impl Default for TenantsConfig {
             api_keys: BTreeMap::new(),
             known: BTreeMap::new(),
             classes: BTreeMap::new(),
+            redis: None,
         }
     }
 }
@@ -151,6 +156,9 @@ impl TenantsConfig {
                 return Err(format!("`tenants.api_keys.{hash}`: tenant `{tenant}` is not in [tenants.known]"));
             }
         }
+        if let Some(redis) = &self.redis {
+            redis.validate()?;
+        }
         if let Some(h) = &self.trusted_header {
             let name = http::HeaderName::from_bytes(h.as_bytes())
                 .map_err(|_| format!("`tenants.trusted_header`: `{h}` is not a valid header name"))?;
@@ -176,6 +184,7 @@ impl TenantsConfig {
         for class in self.classes.values_mut() {
             *class = ClassConfig::default();
         }
+        self.redis = None;
     }
 }
 

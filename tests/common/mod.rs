@@ -6,6 +6,7 @@ pub mod app;
 pub mod llama;
 pub mod openai_stub;
 pub mod python;
+pub mod redis;
 pub mod tansu;
 
 use bytes::Bytes;

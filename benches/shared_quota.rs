@@ -1,0 +1,61 @@
+//! The cost of a shared quota check: `SharedQuotas::check_rate` and `take_daily` against a real
+//! Redis on loopback (tests/common/redis.rs starts it), next to the local store for scale. Each
+//! check is one EVALSHA round trip; the Redis `INFO commandstats` count is printed after the
+//! run so the round trips per check can be read off.
+//!
+//! Run: `cargo bench --bench shared_quota`
+
+#[path = "../tests/common/redis.rs"]
+mod redis_server;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+use tiergate::tenant::shared::{OnOutage, RedisConfig, SharedQuotaMetrics, SharedQuotas};
+use tiergate::tenant::{LocalQuotas, Quota, QuotaStore};
+
+fn bench(c: &mut Criterion) {
+    let redis = redis_server::Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut config = RedisConfig::new(redis.url(), 2);
+    // Closed: a check Redis did not decide fails the bench instead of timing the fallback.
+    config.on_outage = OnOutage::Closed;
+    config.timeout_ms = 100;
+    let store = SharedQuotas::new(&config, Arc::new(LocalQuotas::new()), SharedQuotaMetrics::default()).unwrap();
+    rt.block_on(store.connect()).unwrap();
+    let local = LocalQuotas::new();
+    let quota = Quota { per_second: u32::MAX / 2, burst: u32::MAX / 2 };
+
+    // Loads both scripts (NOSCRIPT, SCRIPT LOAD) before the count starts.
+    rt.block_on(store.check_rate("payments", quota)).unwrap();
+    rt.block_on(store.take_daily("payments", u32::MAX)).unwrap();
+    ::redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(&mut redis.client()).unwrap();
+    let mut checks = 0u64;
+    c.bench_function("quota/shared_check_rate", |b| {
+        b.iter(|| {
+            checks += 1;
+            rt.block_on(store.check_rate(black_box("payments"), quota)).unwrap()
+        })
+    });
+    c.bench_function("quota/shared_take_daily", |b| {
+        b.iter(|| {
+            checks += 1;
+            rt.block_on(store.take_daily(black_box("payments"), u32::MAX)).unwrap()
+        })
+    });
+    c.bench_function("quota/local_check_rate", |b| {
+        b.iter(|| rt.block_on(local.check_rate(black_box("payments"), quota)).unwrap())
+    });
+    let calls = redis.all_command_calls();
+    let total: u64 =
+        calls.iter().filter(|(c, _)| !c.starts_with("info") && !c.starts_with("config")).map(|(_, n)| n).sum();
+    println!("redis commands: {calls:?}; {total} commands for {checks} shared checks");
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);

@@ -31,9 +31,9 @@ pub mod request;
 pub mod rules;
 pub mod select;
 pub mod signals;
+pub mod tenant;
 #[cfg(test)]
 mod test_support;
-pub mod tenant;
 pub mod text;
 pub mod tier;
 pub mod web;

@@ -21,12 +21,12 @@ impl Gateway {
     /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
     /// start-up is fine there).
     pub fn start(config: &GatewayConfig<'_>, sources: Sources) -> anyhow::Result<Arc<Gateway>> {
-        let policy = Policy::load_dir(&config.policies.dir)?;
+        let policy = Policy::load_dir_within(&config.policies.dir, &config.limits)?;
         let mut route_policies = BTreeMap::new();
         for dir in config.route_policies.iter().filter(|d| **d != config.policies.dir) {
             if !route_policies.contains_key(dir) {
-                let loaded =
-                    Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
+                let loaded = Policy::load_dir_within(dir, &config.limits)
+                    .map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
                 route_policies.insert(dir.clone(), loaded);
             }
         }
@@ -50,6 +50,7 @@ impl Gateway {
         signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
+        let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let drift =
@@ -58,14 +59,18 @@ impl Gateway {
         let gateway = Arc::new(Gateway {
             cpu,
             gpu,
-            policies: PolicyStore::new(policy),
-            route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
+            policies: PolicyStore::within(policy, config.limits),
+            route_policies: route_policies
+                .into_iter()
+                .map(|(dir, p)| (dir, PolicyStore::within(p, config.limits)))
+                .collect(),
             metrics,
             signals,
             tenants,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
             shadow: Shadow::start(config.shadow)?,
+            ab,
             gpu_below: Mutex::new(Default::default()),
             audit,
             drift,
@@ -78,7 +83,8 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// Watches the live, route and shadow policy directories; a change reloads that policy.
+    /// Watches the live, route, shadow and A/B candidate policy directories; a change reloads
+    /// that policy.
     fn watch(self: &Arc<Self>, debounce: Duration) -> anyhow::Result<()> {
         let poll = Duration::from_secs(1);
         let mut dirs: Vec<(PathBuf, Box<dyn Fn(&Gateway) + Send + Sync>)> =
@@ -89,6 +95,9 @@ impl Gateway {
         }
         if let Some(shadow) = &self.shadow {
             dirs.push((shadow.policies.dir().to_path_buf(), Box::new(|g| g.reload_shadow())));
+        }
+        if let Some(ab) = &self.ab {
+            dirs.push((ab.policies.dir().to_path_buf(), Box::new(|g| g.reload_ab("file"))));
         }
         for (dir, reload) in dirs {
             let weak = Arc::downgrade(self);
@@ -113,10 +122,21 @@ impl Gateway {
         }
     }
 
-    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow candidate, the route
-    /// policies, then the live policy, whose result is returned.
+    /// Reloads the A/B candidate's directory, if there is one; a new version takes its share
+    /// again (after a rollback too) with fresh counts.
+    fn reload_ab(&self, trigger: &'static str) {
+        if let Some(ab) = &self.ab {
+            if let Ok(Some(_)) = self.reload_store(&ab.policies, trigger, "A/B candidate policy") {
+                ab.rearm_if_changed();
+            }
+        }
+    }
+
+    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow and A/B candidates, the
+    /// route policies, then the live policy, whose result is returned.
     pub fn reload_all(&self, trigger: &'static str) -> Result<Option<String>, PolicyError> {
         self.reload_shadow();
+        self.reload_ab(trigger);
         for dir in self.route_policies.keys() {
             self.reload_route_policy(dir, trigger);
         }
@@ -160,7 +180,7 @@ impl Gateway {
     }
 }
 
-/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory. The sweep walks every
+/// Periodic upkeep off the request path: p95 refresh, rate-limiter memory, the A/B judgement. The sweep walks every
 /// tenant's limiter state, so the whole chore runs on the blocking pool, never on a runtime
 /// thread that serves requests; it ends once the gateway is gone.
 async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
@@ -171,6 +191,9 @@ async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
         }
         if let Some(tenants) = &g.tenants {
             tenants.retain_recent();
+        }
+        if let Some(ab) = &g.ab {
+            ab.tick();
         }
         true
     })

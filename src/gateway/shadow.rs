@@ -68,11 +68,14 @@ impl Shadow {
         live: &Decision,
     ) -> Option<Decision> {
         let policy = self.policies.snapshot();
-        let inputs = Inputs { policy: &policy, req, snapshot, started: Instant::now() };
+        // A candidate without the request's scenario has no decision to compare.
+        let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
+        let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
         let (mut candidate, _) =
             cascade::run(&inputs, g.rate(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
+        candidate.scenario = scenario.map(|s| s.name.clone());
         candidate.model = g.model_name(&candidate);
         candidate.latency_us = inputs.started.elapsed().as_micros() as u64;
         candidate.subject = live.subject.clone();

@@ -69,7 +69,7 @@ impl Gateway {
             tenants,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
-            shadow: Shadow::start(config.shadow)?,
+            shadow: Shadow::start(config.shadow, config.limits)?,
             ab,
             gpu_below: Mutex::new(Default::default()),
             audit,

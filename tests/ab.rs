@@ -8,6 +8,7 @@ mod common;
 use http::StatusCode;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use tiergate::gateway::ab::band::{arm_of, Arm};
 use tiergate::Config;
 
 const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
@@ -26,7 +27,13 @@ fn free_port() -> SocketAddr {
 }
 
 async fn classify(addr: SocketAddr, key: &str) -> Value {
-    let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000"), ("x-ab-key", key)];
+    classify_with(addr, &[("x-ab-key", key)]).await
+}
+
+/// `POST /v1/classify` of [`BENIGN`] with a 5 s deadline and `extra` headers; must be decided.
+async fn classify_with(addr: SocketAddr, extra: &[(&str, &str)]) -> Value {
+    let mut headers = vec![("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
+    headers.extend_from_slice(extra);
     let reply = common::send(addr, "POST", "/v1/classify", &headers, json!({"text": BENIGN}).to_string()).await;
     assert_eq!(reply.status, StatusCode::OK);
     reply.json()
@@ -56,6 +63,13 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
     assert_eq!(status["ab"]["state"], "active", "{status}");
     let (live_version, candidate_version) = (status["version"].clone(), status["ab"]["candidate"]["version"].clone());
+
+    // The live policy decides a request without a key, and one naming a scenario the candidate
+    // lacks even when its key is the candidate's (the bundled `payments` is live-only here).
+    assert_eq!(classify_with(public, &[]).await["arm"], "live");
+    let theirs = (0..100).map(|i| format!("probe-{i}")).find(|k| arm_of(k, 0.5) == Arm::Candidate).unwrap();
+    let d = classify_with(public, &[("x-ab-key", &theirs), ("x-tiergate-scenario", "payments")]).await;
+    assert_eq!((d["arm"].as_str(), d["scenario"].as_str()), (Some("live"), Some("payments")), "{d}");
 
     let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
     let mut by_candidate = Vec::new();

@@ -11,8 +11,7 @@
 
 pub mod band;
 
-use super::AbConfig;
-use super::Sticky;
+use super::{AbConfig, Sticky};
 use crate::decision::{Decision, TierName};
 use crate::error::ApiError;
 use crate::policy::{Limits, Policy, PolicyStore};

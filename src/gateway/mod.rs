@@ -8,9 +8,8 @@
 //! Files by concern: this one (the orchestrator: scenario, admission, rating, snapshot,
 //! finishing), [`cascade`] (the stage loop), [`shadow`] (the candidate policy replayed beside the
 //! live one), [`ab`] (the candidate deciding a share of live traffic, and its rollback),
-//! `lifecycle` (start, reload,
-//! watchers, housekeeping), `audit` (each decision's audit record), [`config`] (the gateway's
-//! config sections).
+//! `lifecycle` (start, reload, watchers, housekeeping), `audit` (each decision's audit record),
+//! [`config`] (the gateway's config sections).
 
 pub mod ab;
 mod audit;
@@ -70,7 +69,7 @@ pub struct Gateway {
     pub signals: Arc<SignalsHub>,
     tenants: Option<DefaultKeyedRateLimiter<String>>,
     gpu_backend: GpuBackend,
-    /// Keeps the policy directory watches (live and shadow) alive.
+    /// Keeps the policy directory watches (live, route, shadow, A/B candidate) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
     /// The A/B candidate (`[ab]`), when configured.

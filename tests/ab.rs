@@ -49,6 +49,7 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (public, admin) = (free_port(), free_port());
+    let candidate = blocks_everything();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n\
@@ -56,7 +57,7 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
          min_samples = 5\nwindow_s = 60\nbreach_for_s = 0\n",
         common::repo().join("models").display(),
         common::repo().join("policies").display(),
-        blocks_everything().display(),
+        candidate.display(),
     );
     std::fs::write(dir.join("tiergate.toml"), config).unwrap();
     let server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
@@ -114,6 +115,16 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     let metrics = String::from_utf8_lossy(&common::send(admin, "GET", "/metrics", &[], "").await.body).to_string();
     let after = metric(&metrics, "tiergate_ab_decisions_total{arm=\"candidate\",action=\"block\"}");
     assert_eq!(after, counted, "nothing more decided by the candidate");
+
+    // A fixed candidate (a new version) takes its share again, with fresh counts.
+    std::fs::copy(common::repo().join("policies/routing.toml"), candidate.join("routing.toml")).unwrap();
+    let reload = common::send(admin, "POST", "/admin/reload", &[], "").await;
+    assert_eq!(reload.status, StatusCode::OK);
+    let ab = common::send(admin, "GET", "/admin/policy", &[], "").await.json()["ab"].clone();
+    assert_eq!((ab["state"].as_str(), &ab["rollback"]), (Some("active"), &Value::Null), "{ab}");
+    assert_ne!(ab["candidate"]["version"], candidate_version);
+    assert_eq!(ab["window"]["candidate"]["counts"]["requests"], 0);
+    assert_eq!(classify(public, &by_candidate[0]).await["arm"], "candidate", "sticky again");
     drop(server);
 }
 

@@ -6,7 +6,7 @@
 
 use crate::audit::AuditConfig;
 use crate::drift::DriftConfig;
-use crate::gateway::{AdmissionConfig, GatewayConfig, ShadowConfig};
+use crate::gateway::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
 use crate::proxy::config::{ProxyConfig, RouteConfig};
@@ -50,6 +50,8 @@ pub struct Config {
     pub tenants: TenantsConfig,
     pub admin: AdminConfig,
     pub shadow: ShadowConfig,
+    /// A candidate policy deciding a share of live traffic, rolled back automatically.
+    pub ab: AbConfig,
     /// The live drift monitor.
     pub drift: DriftConfig,
     /// The app client settings for `routes`.
@@ -72,6 +74,7 @@ impl Default for Config {
             tenants: TenantsConfig::default(),
             admin: AdminConfig::default(),
             shadow: ShadowConfig::default(),
+            ab: AbConfig::default(),
             drift: DriftConfig::default(),
             proxy: Default::default(),
             routes: Vec::new(),
@@ -96,6 +99,7 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
+        config.ab.dir = config.ab.dir.map(|d| base.join(d));
         if let Some(audit) = &mut config.audit {
             audit.dir = base.join(&audit.dir);
             audit.key_file = audit.key_file.take().map(|p| base.join(p));
@@ -135,6 +139,8 @@ impl Config {
             admission: &self.admission,
             tenants: &self.tenants,
             shadow: &self.shadow,
+            ab: &self.ab,
+            limits: crate::policy::Limits { max_deadline_ms: self.server.max_deadline_ms },
             drift: &self.drift,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
@@ -176,6 +182,7 @@ impl Config {
         if !(0.0..=1.0).contains(&self.shadow.share) {
             return Err(format!("`shadow.share` must be in [0, 1], got {}", self.shadow.share));
         }
+        self.ab.validate()?;
         if self.gpu.max_concurrency == 0 {
             return Err("`gpu.max_concurrency` must be at least 1".into());
         }

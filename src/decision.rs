@@ -91,6 +91,12 @@ pub struct Decision {
     pub signals: Option<std::collections::BTreeMap<String, i64>>,
     pub path: Vec<Step>,
     pub policy_version: String,
+    /// The policy scenario (`[scenarios.NAME]`) the request was decided in; omitted for none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
+    /// With a live A/B test (`[ab]`): the arm whose policy decided, `live` or `candidate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arm: Option<&'static str>,
     pub model: String,
     /// Time from the start of the decision to the response, µs.
     pub latency_us: u64,

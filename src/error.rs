@@ -29,6 +29,10 @@ pub enum ApiError {
     /// 422: the JSON is well-formed but a field is missing, of the wrong type or out of range.
     #[error("{message}")]
     InvalidField { field: String, message: String },
+    /// 422: the request names a policy scenario the live policy does not define; the body's
+    /// `error.known` lists those it does.
+    #[error("unknown scenario `{name}`; known: {}", known.join(", "))]
+    UnknownScenario { name: String, known: Vec<String> },
     /// 404
     #[error("no route for {path}")]
     NotFound { path: String },
@@ -100,7 +104,9 @@ impl ApiError {
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } | ApiError::UnknownScenario { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -119,6 +125,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
             ApiError::InvalidField { .. } => "invalid_field",
+            ApiError::UnknownScenario { .. } => "unknown_scenario",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
@@ -143,6 +150,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => Some("body"),
             ApiError::UnsupportedMediaType { .. } => Some("content-type"),
             ApiError::RateLimited { .. } => Some("tenant"),
+            ApiError::UnknownScenario { .. } => Some("scenario"),
             _ => None,
         }
     }
@@ -158,6 +166,9 @@ impl ApiError {
         }
         if let ApiError::RateLimited { limit, .. } = &self {
             error["limit"] = json!(limit);
+        }
+        if let ApiError::UnknownScenario { known, .. } = &self {
+            error["known"] = json!(known);
         }
         let mut body = json!({ "error": error });
         if let ApiError::Blocked { decision, .. } = &self {

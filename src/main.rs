@@ -90,6 +90,9 @@ enum Command {
         features: Option<String>,
         #[arg(long)]
         tenant: Option<String>,
+        /// The policy scenario to decide in (`[scenarios.NAME]`), as `x-tiergate-scenario`.
+        #[arg(long)]
+        scenario: Option<String>,
         #[arg(long, env = "TIERGATE_CONFIG")]
         config: Option<PathBuf>,
         /// Policy directory, overriding `policies.dir`.
@@ -149,8 +152,8 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::CheckPolicy { dir, against, config } => check_policy(&dir, against.as_deref(), config),
-        Command::Explain { text, features, tenant, config, policies } => {
-            explain(text, features, tenant, config, policies)
+        Command::Explain { text, features, tenant, scenario, config, policies } => {
+            explain(text, features, tenant, scenario, config, policies)
         }
     };
     match result {
@@ -273,6 +276,7 @@ fn explain(
     text: String,
     features: Option<String>,
     tenant: Option<String>,
+    scenario: Option<String>,
     config: Option<PathBuf>,
     policies: Option<PathBuf>,
 ) -> anyhow::Result<()> {
@@ -296,6 +300,7 @@ fn explain(
         let deadline = std::time::Duration::from_millis(config.server.default_deadline_ms);
         let mut request = tiergate::ClassifyRequest::new(text, features, tenant, deadline, &config.server)?;
         request.explain = true;
+        request.scenario = scenario;
         let decision = gateway.classify(request, "explain".into()).await?;
         println!("{}", serde_json::to_string_pretty(&decision)?);
         Ok(())

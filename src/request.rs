@@ -32,6 +32,12 @@ pub struct ClassifyRequest {
     pub deadline: Duration,
     /// Add the complexity contributions, the signals snapshot and the routing reasons.
     pub explain: bool,
+    /// The policy scenario to decide in (`[scenarios.NAME]`), checked against the policy by the
+    /// gateway; `None`: the policy as written. Only `/v1/classify` sets it.
+    pub scenario: Option<String>,
+    /// Whether the client asked for `deadline` (`x-tiergate-deadline-ms`): a scenario's deadline
+    /// replaces a default one, and a requested one may only shorten it.
+    pub deadline_requested: bool,
 }
 
 impl ClassifyRequest {
@@ -64,7 +70,16 @@ impl ClassifyRequest {
         if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
             return Err(ApiError::invalid("tenant", format!("`tenant` must be at most {MAX_TENANT_BYTES} bytes")));
         }
-        Ok(ClassifyRequest { text: Arc::from(text), features, tenant, deadline, explain: false, identity: None })
+        Ok(ClassifyRequest {
+            text: Arc::from(text),
+            features,
+            tenant,
+            deadline,
+            explain: false,
+            identity: None,
+            scenario: None,
+            deadline_requested: false,
+        })
     }
 
     /// Resolves the tenant from the configured sources ([`Tenants::resolve`]): `headers`, the
@@ -79,8 +94,9 @@ impl ClassifyRequest {
         Ok(())
     }
 
-    /// Parses a `/v1/classify` body, `{"text": str, "features": {..}?, "tenant": str?}`, with the
-    /// tenant header as the fallback and the deadline header (see [`deadline`]).
+    /// Parses a `/v1/classify` body, `{"text": str, "features": {..}?, "tenant": str?,
+    /// "scenario": str?}`, with the tenant and scenario headers as the fallbacks and the deadline
+    /// header (see [`deadline`]).
     ///
     /// Errors: `MalformedJson` (400) for a body that is not JSON or repeats a key
     /// ([`crate::web::json`]); `InvalidField` (422) for a
@@ -90,12 +106,13 @@ impl ClassifyRequest {
         let Value::Object(mut obj) = value else {
             return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
         };
-        if let Some(unknown) = obj.keys().find(|k| !matches!(k.as_str(), "text" | "features" | "tenant")) {
+        if let Some(unknown) = obj.keys().find(|k| !matches!(k.as_str(), "text" | "features" | "tenant" | "scenario")) {
             return Err(ApiError::invalid(
                 unknown.clone(),
-                format!("unknown field `{unknown}`; expected `text`, `features`, `tenant`"),
+                format!("unknown field `{unknown}`; expected `text`, `features`, `tenant`, `scenario`"),
             ));
         }
+        let scenario = scenario(obj.remove("scenario"), headers)?;
         let text = match obj.remove("text") {
             None | Some(Value::Null) => return Err(ApiError::invalid("text", "`text` is required")),
             Some(Value::String(s)) => s,
@@ -123,8 +140,36 @@ impl ClassifyRequest {
                 ))
             }
         };
-        ClassifyRequest::new(text, features, tenant, deadline(headers, limits)?, limits)
+        let mut request = ClassifyRequest::new(text, features, tenant, deadline(headers, limits)?, limits)?;
+        request.scenario = scenario;
+        request.deadline_requested = headers.contains_key(headers::DEADLINE);
+        Ok(request)
     }
+}
+
+/// The scenario the body's `scenario` field names, else the `x-tiergate-scenario` header.
+///
+/// Errors: `InvalidField` naming `scenario` for a non-string or a malformed name (1 to
+/// [`crate::policy::scenario::MAX_SCENARIO_BYTES`] of `a-z`, `0-9`, `_`, `-`).
+fn scenario(field: Option<Value>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let name = match field {
+        None | Some(Value::Null) => match headers.get(headers::SCENARIO) {
+            None => return Ok(None),
+            Some(v) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+        },
+        Some(Value::String(s)) => s,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "scenario",
+                format!("`scenario` must be a string, got {}", type_name(&other)),
+            ))
+        }
+    };
+    if !crate::policy::scenario::valid_name(&name) {
+        let max = crate::policy::scenario::MAX_SCENARIO_BYTES;
+        return Err(ApiError::invalid("scenario", format!("`scenario` must be 1 to {max} of a-z, 0-9, `_`, `-`")));
+    }
+    Ok(Some(name))
 }
 
 /// The tenant named by the `x-tiergate-tenant` header, if any.
@@ -225,6 +270,21 @@ mod tests {
         let mut bad = HeaderMap::new();
         bad.insert(headers::DEADLINE, "0".parse().unwrap());
         assert_eq!(field_of(parse(&bad, br#"{"text":"a"}"#)).0, headers::DEADLINE);
+        assert_eq!(field_of(parse(&h, br#"{"text":"a","scenario":1}"#)).1, "`scenario` must be a string, got a number");
+        assert!(field_of(parse(&h, br#"{"text":"a","scenario":"Pay ments"}"#)).1.contains("1 to 64 of a-z"));
+    }
+
+    #[test]
+    fn the_scenario_comes_from_the_body_else_the_header_and_the_deadline_says_if_it_was_asked() {
+        let mut h = HeaderMap::new();
+        let r = parse(&h, br#"{"text":"a"}"#).unwrap();
+        assert_eq!((r.scenario, r.deadline_requested), (None, false));
+        h.insert(headers::SCENARIO, "payments".parse().unwrap());
+        h.insert(headers::DEADLINE, "50".parse().unwrap());
+        let r = parse(&h, br#"{"text":"a"}"#).unwrap();
+        assert_eq!((r.scenario.as_deref(), r.deadline_requested), (Some("payments"), true));
+        let r = parse(&h, br#"{"text":"a","scenario":"content_review"}"#).unwrap();
+        assert_eq!(r.scenario.as_deref(), Some("content_review"), "the body wins");
     }
 
     #[test]

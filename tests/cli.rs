@@ -1,4 +1,4 @@
-//! The `tiergate` binary: check-policy, calibrate, and clear start-up errors.
+//! The `tiergate` binary: check-policy, calibrate, explain in a scenario, and clear start-up errors.
 
 mod common;
 use common::repo;
@@ -230,4 +230,22 @@ fn drift_reports_ks_per_signal_from_audit_records_and_plots() {
     let out =
         tiergate().args(["drift", "--since", "9999999999999", "--input"]).arg(records(1.0, 1, rows)).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("0 decisions"), "{out:?}");
+}
+
+#[test]
+fn explain_decides_in_the_named_scenario_and_refuses_an_unknown_one() {
+    let text = "Are we still on for lunch tomorrow at noon?";
+    let out = tiergate()
+        .args(["explain", "--text", text, "--scenario", "payments", "--policies", "policies"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["scenario"], "payments", "{decision}");
+
+    let out =
+        tiergate().args(["explain", "--text", text, "--scenario", "chat", "--policies", "policies"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown scenario `chat`; known: content_review, payments"), "{err}");
 }

@@ -57,6 +57,10 @@ pub struct AuditRecord {
     /// The proxy route (or tower layer) name; `null` for `/v1/classify`.
     pub route: Option<String>,
     pub policy_version: String,
+    /// The policy scenario the request was decided in (`/v1/classify` with `x-tiergate-scenario`);
+    /// absent for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
     pub model: ModelRef,
     /// `allow`, `review`, `block`, or `unscreened`.
     pub action: String,
@@ -90,6 +94,7 @@ pub struct Draft {
     pub tenant: Option<String>,
     pub route: Option<String>,
     pub policy_version: String,
+    pub scenario: Option<String>,
     pub model: ModelRef,
     pub action: &'static str,
     pub label: Option<Label>,
@@ -118,6 +123,7 @@ impl Draft {
             tenant: d.subject.tenant.clone(),
             route: route.map(str::to_string),
             policy_version: d.policy_version.clone(),
+            scenario: d.scenario.clone(),
             model,
             action: d.action.as_str(),
             label: Some(d.label),
@@ -150,6 +156,7 @@ impl Draft {
             tenant: self.tenant,
             route: self.route,
             policy_version: self.policy_version,
+            scenario: self.scenario,
             model: self.model,
             action: self.action.to_string(),
             label: self.label,

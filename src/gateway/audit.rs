@@ -44,6 +44,7 @@ impl Gateway {
             tenant: None,
             route: Some(route.to_string()),
             policy_version: self.policy_store(policy).snapshot().version.clone(),
+            scenario: None,
             model: self.cpu_model_ref(),
             action: UNSCREENED,
             label: None,

@@ -10,7 +10,7 @@ use crate::complexity::{Complexity, TextStats};
 use crate::decision::{Decision, Explain, Label, Outcome, Step, TierName};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
-use crate::policy::Policy;
+use crate::policy::{ActionThresholds, Policy, Scenario};
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{self, Fallback, Ineligible, Next, SignalsSnapshot, Stage, Start, Tried};
@@ -176,12 +176,19 @@ pub struct Rating {
 /// Everything the cascade reads for one request.
 pub struct Inputs<'a> {
     pub policy: &'a Policy,
+    /// The scenario the request named (`None`: the policy as written): its thresholds and rules.
+    pub scenario: Option<&'a Scenario>,
     pub req: &'a ClassifyRequest,
     pub snapshot: &'a SignalsSnapshot,
     pub started: Instant,
 }
 
 impl Inputs<'_> {
+    /// The thresholds that turn a model's risk score into an action: the scenario's, else the policy's.
+    fn actions(&self) -> &ActionThresholds {
+        self.scenario.map_or(&self.policy.actions, |s| &s.actions)
+    }
+
     fn deadline(&self) -> Instant {
         self.started + self.req.deadline
     }
@@ -227,7 +234,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
             Stage::Rules => break run.rules(x, &start, tiers),
         };
         stage = match then {
-            Then::Decide(tier, v) => break run.decide(tier, &v, x.policy),
+            Then::Decide(tier, v) => break run.decide(tier, &v, x.actions()),
             Then::Stage(next) => next,
         };
     };
@@ -404,10 +411,10 @@ impl Run<'_> {
         }
     }
 
-    fn decide(&mut self, tier: TierName, v: &ModelVerdict, policy: &Policy) -> Decision {
+    fn decide(&mut self, tier: TierName, v: &ModelVerdict, actions: &ActionThresholds) -> Decision {
         // Guards see the verdict that stands.
         self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
-        let action = policy.actions.action_for(v.risk_score);
+        let action = actions.action_for(v.risk_score);
         decision(tier, v.risk_score, Some(v.confidence), action, std::mem::take(&mut self.path))
     }
 
@@ -432,7 +439,8 @@ impl Run<'_> {
             self.path.push(Step::new(TierName::Cpu, Outcome::Skipped, 0).reason(start.reason.clone()));
         }
         let t = Instant::now();
-        let verdict = x.policy.rules.evaluate(&self.rules_input(x));
+        let only = x.scenario.and_then(|s| s.rules.as_deref());
+        let verdict = x.policy.rules.evaluate_subset(&self.rules_input(x), only);
         let us = t.elapsed().as_micros() as u64;
         if let Some(m) = self.metrics {
             for (rule, error) in &verdict.errors {
@@ -473,6 +481,8 @@ fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Ac
         signals: None,
         path,
         policy_version: String::new(),
+        scenario: None,
+        arm: None,
         model: String::new(),
         latency_us: 0,
         overloaded: false,

@@ -1,4 +1,5 @@
-//! The gateway's own config sections (`[admission]`, `[shadow]`; `[tenants]` is the tenant module's), and [`GatewayConfig`], every
+//! The gateway's own config sections (`[admission]`, `[shadow]`, `[ab]`; `[tenants]` is the
+//! tenant module's), and [`GatewayConfig`], every
 //! section the gateway starts from, borrowed from the loaded config.
 
 use crate::policy::PoliciesConfig;
@@ -19,6 +20,10 @@ pub struct GatewayConfig<'a> {
     /// `[tenants]`: identity sources, known tenants, classes and their limits.
     pub tenants: &'a crate::tenant::TenantsConfig,
     pub shadow: &'a ShadowConfig,
+    /// `[ab]`: the candidate policy that decides a share of live traffic.
+    pub ab: &'a AbConfig,
+    /// The server's limits every policy is checked against (`[server] max_deadline_ms`).
+    pub limits: crate::policy::Limits,
     pub drift: &'a crate::drift::DriftConfig,
     /// Policy directories named by `[routes.screen] policy`, in route order (duplicates allowed).
     pub route_policies: Vec<PathBuf>,
@@ -64,5 +69,88 @@ impl AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig { tenant_rps: 0, tenant_burst: 50 }
+    }
+}
+
+/// Where an A/B test's sticky key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sticky {
+    /// The request's tenant.
+    Tenant,
+    /// The value of `[ab] key_header`.
+    Header,
+}
+
+/// `[ab]`: a candidate policy that decides a share of live traffic for real, sticky per key,
+/// rolled back automatically when its block, fallback or error rate leaves a band around the
+/// live policy's (docs/operations.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AbConfig {
+    /// The candidate's policy directory; unset: no A/B test.
+    pub dir: Option<PathBuf>,
+    /// Share of sticky keys the candidate decides, [0, 1]. Requests without a key go to the
+    /// live policy.
+    pub share: f64,
+    /// Where the sticky key comes from: `tenant` or `header`.
+    pub sticky: Sticky,
+    /// The key header when `sticky = "header"`.
+    pub key_header: String,
+    /// Largest allowed |candidate - live| block rate, [0, 1].
+    pub block_band: f64,
+    /// Largest allowed |candidate - live| rate of decisions rules made because no model verdict
+    /// stood, [0, 1].
+    pub fallback_band: f64,
+    /// Largest allowed |candidate - live| server-error rate, [0, 1].
+    pub error_band: f64,
+    /// Requests each arm needs in the window before its rates are compared (at least 1).
+    pub min_samples: u64,
+    /// The window the rates are counted over, seconds (at least 1).
+    pub window_s: u64,
+    /// How long the candidate must stay out of band before it is rolled back, seconds (0: at
+    /// the first breach).
+    pub breach_for_s: u64,
+}
+
+impl Default for AbConfig {
+    fn default() -> Self {
+        AbConfig {
+            dir: None,
+            share: 0.0,
+            sticky: Sticky::Tenant,
+            key_header: "x-tiergate-ab-key".into(),
+            block_band: 0.05,
+            fallback_band: 0.1,
+            error_band: 0.01,
+            min_samples: 200,
+            window_s: 300,
+            breach_for_s: 60,
+        }
+    }
+}
+
+impl AbConfig {
+    /// Checks ranges; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = [
+            ("ab.share", self.share),
+            ("ab.block_band", self.block_band),
+            ("ab.fallback_band", self.fallback_band),
+            ("ab.error_band", self.error_band),
+        ];
+        if let Some((key, v)) = unit.iter().find(|(_, v)| !(0.0..=1.0).contains(v)) {
+            return Err(format!("`{key}` must be in [0, 1], got {v}"));
+        }
+        if self.min_samples == 0 {
+            return Err("`ab.min_samples` must be at least 1".into());
+        }
+        if self.window_s == 0 {
+            return Err("`ab.window_s` must be at least 1".into());
+        }
+        if http::HeaderName::from_bytes(self.key_header.as_bytes()).is_err() {
+            return Err(format!("`ab.key_header` is not a valid header name: `{}`", self.key_header));
+        }
+        Ok(())
     }
 }

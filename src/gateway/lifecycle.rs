@@ -21,12 +21,12 @@ impl Gateway {
     /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
     /// start-up is fine there).
     pub fn start(config: &GatewayConfig<'_>, sources: Sources) -> anyhow::Result<Arc<Gateway>> {
-        let policy = Policy::load_dir(&config.policies.dir)?;
+        let policy = Policy::load_dir_within(&config.policies.dir, &config.limits)?;
         let mut route_policies = BTreeMap::new();
         for dir in config.route_policies.iter().filter(|d| **d != config.policies.dir) {
             if !route_policies.contains_key(dir) {
-                let loaded =
-                    Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
+                let loaded = Policy::load_dir_within(dir, &config.limits)
+                    .map_err(|e| anyhow::anyhow!("route policy {}: {e}", dir.display()))?;
                 route_policies.insert(dir.clone(), loaded);
             }
         }
@@ -51,6 +51,7 @@ impl Gateway {
         // Rate and budget state: in Redis when [tenants.redis] is set, else in this process.
         let quotas = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
             .map_err(anyhow::Error::msg)?;
+        let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let drift =
@@ -59,8 +60,11 @@ impl Gateway {
         let gateway = Arc::new(Gateway {
             cpu,
             gpu,
-            policies: PolicyStore::new(policy),
-            route_policies: route_policies.into_iter().map(|(dir, p)| (dir, PolicyStore::new(p))).collect(),
+            policies: PolicyStore::within(policy, config.limits),
+            route_policies: route_policies
+                .into_iter()
+                .map(|(dir, p)| (dir, PolicyStore::within(p, config.limits)))
+                .collect(),
             metrics,
             signals,
             tenants,
@@ -68,7 +72,8 @@ impl Gateway {
             tenant_metrics,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
-            shadow: Shadow::start(config.shadow)?,
+            shadow: Shadow::start(config.shadow, config.limits)?,
+            ab,
             gpu_below: Mutex::new(Default::default()),
             audit,
             drift,
@@ -81,7 +86,8 @@ impl Gateway {
         Ok(gateway)
     }
 
-    /// Watches the live, route and shadow policy directories; a change reloads that policy.
+    /// Watches the live, route, shadow and A/B candidate policy directories; a change reloads
+    /// that policy.
     fn watch(self: &Arc<Self>, debounce: Duration) -> anyhow::Result<()> {
         let poll = Duration::from_secs(1);
         let mut dirs: Vec<(PathBuf, Box<dyn Fn(&Gateway) + Send + Sync>)> =
@@ -92,6 +98,9 @@ impl Gateway {
         }
         if let Some(shadow) = &self.shadow {
             dirs.push((shadow.policies.dir().to_path_buf(), Box::new(|g| g.reload_shadow())));
+        }
+        if let Some(ab) = &self.ab {
+            dirs.push((ab.policies.dir().to_path_buf(), Box::new(|g| g.reload_ab("file"))));
         }
         for (dir, reload) in dirs {
             let weak = Arc::downgrade(self);
@@ -116,10 +125,21 @@ impl Gateway {
         }
     }
 
-    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow candidate, the route
-    /// policies, then the live policy, whose result is returned.
+    /// Reloads the A/B candidate's directory, if there is one; a new version takes its share
+    /// again (after a rollback too) with fresh counts.
+    fn reload_ab(&self, trigger: &'static str) {
+        if let Some(ab) = &self.ab {
+            if let Ok(Some(_)) = self.reload_store(&ab.policies, trigger, "A/B candidate policy") {
+                ab.rearm_if_changed();
+            }
+        }
+    }
+
+    /// An operator's reload (`trigger`: `sighup`, `admin`): the shadow and A/B candidates, the
+    /// route policies, then the live policy, whose result is returned.
     pub fn reload_all(&self, trigger: &'static str) -> Result<Option<String>, PolicyError> {
         self.reload_shadow();
+        self.reload_ab(trigger);
         for dir in self.route_policies.keys() {
             self.reload_route_policy(dir, trigger);
         }
@@ -163,14 +183,18 @@ impl Gateway {
     }
 }
 
-/// Periodic upkeep off the request path: the p95 refresh, on the blocking pool, never on a
-/// runtime thread that serves requests; it ends once the gateway is gone. (Tenant limit state
-/// needs no sweep: its keys are the known tenants plus one shared by every unknown tenant.)
+/// Periodic upkeep off the request path: the p95 refresh and the A/B judgement, on the
+/// blocking pool, never on a runtime thread that serves requests; it ends once the gateway is
+/// gone. (Tenant limit state needs no sweep: its keys are the known tenants plus one shared by
+/// every unknown tenant.)
 async fn housekeeping(gateway: Weak<Gateway>, every: Duration) {
     every_off_runtime(every, move || {
         let Some(g) = gateway.upgrade() else { return false };
         if let Some(gpu) = &g.gpu {
             gpu.latency.refresh();
+        }
+        if let Some(ab) = &g.ab {
+            ab.tick();
         }
         true
     })

@@ -5,11 +5,13 @@
 //! its domain, overloaded, failing, circuit-broken or out of time hands over to the next stage,
 //! and the rules engine never fails. Every stage tried lands in `path` with its outcome and reason.
 //!
-//! Files by concern: this one (the orchestrator: admission, rating, snapshot, finishing),
-//! [`cascade`] (the stage loop), [`shadow`] (the candidate policy), `lifecycle` (start, reload,
-//! watchers, housekeeping), `audit` (each decision's audit record), [`config`] (the gateway's
-//! config sections).
+//! Files by concern: this one (the orchestrator: scenario, admission, rating, snapshot,
+//! finishing), [`cascade`] (the stage loop), [`shadow`] (the candidate policy replayed beside the
+//! live one), [`ab`] (the candidate deciding a share of live traffic, and its rollback),
+//! `lifecycle` (start, reload, watchers, housekeeping), `audit` (each decision's audit record),
+//! [`config`] (the gateway's config sections).
 
+pub mod ab;
 mod audit;
 pub mod cascade;
 mod config;
@@ -19,7 +21,7 @@ mod lifecycle;
 pub mod shadow;
 
 pub use cascade::TenantGate;
-pub use config::{AdmissionConfig, GatewayConfig, ShadowConfig};
+pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
 
 use crate::complexity;
 use crate::decision::{Decision, Explain, Subject, TierName};
@@ -75,9 +77,11 @@ pub struct Gateway {
     pub quotas: Arc<dyn QuotaStore>,
     pub tenant_metrics: TenantMetrics,
     gpu_backend: GpuBackend,
-    /// Keeps the policy directory watches (live and shadow) alive.
+    /// Keeps the policy directory watches (live, route, shadow, A/B candidate) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
+    /// The A/B candidate (`[ab]`), when configured.
+    pub ab: Option<ab::Ab>,
     /// The live drift monitor, fed every finished decision (`None`: off).
     pub drift: Option<Arc<crate::drift::Monitor>>,
     /// The gpu limits the last snapshot was below (their hysteresis, [`select::gpu_below`]).
@@ -162,6 +166,27 @@ impl Gateway {
         Ok(decision)
     }
 
+    /// `POST /v1/classify`: [`Gateway::classify`], with the A/B arm chosen from the request's
+    /// sticky key (its tenant, or the `[ab] key_header` among `headers`) when an A/B test runs;
+    /// the outcome is counted for its arm and may roll the candidate back. Errors as
+    /// [`Gateway::classify`].
+    pub async fn classify_public(
+        &self,
+        req: ClassifyRequest,
+        request_id: String,
+        headers: &http::HeaderMap,
+    ) -> Result<Decision, ApiError> {
+        let Some(ab) = &self.ab else { return self.classify(req, request_id).await };
+        let arm = ab.arm(&req, headers);
+        let store = if arm == ab::band::Arm::Candidate { &ab.policies } else { &self.policies };
+        let result = self.classify_and_shadow(store, req, request_id, false).await.map(|(mut d, _)| {
+            d.arm = Some(arm.as_str());
+            d
+        });
+        ab.record(arm, &result);
+        result
+    }
+
     /// [`Gateway::classify`] under the policy a proxy route names (`None`: the live policy).
     /// The shadow candidate shadows the live policy only.
     pub async fn classify_under(
@@ -187,12 +212,18 @@ impl Gateway {
     async fn classify_and_shadow(
         &self,
         store: &PolicyStore,
-        req: ClassifyRequest,
+        mut req: ClassifyRequest,
         request_id: String,
         always_shadow: bool,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
         let policy = store.snapshot();
+        let scenario = policy
+            .scenario(req.scenario.as_deref())
+            .map_err(|u| ApiError::UnknownScenario { name: u.name, known: u.known })?;
+        if let Some(s) = scenario {
+            req.deadline = s.deadline_for(req.deadline, req.deadline_requested);
+        }
         let identity = self.admit(&req).await?;
         let mut snapshot = self.snapshot(started, &policy);
         snapshot.tenant = tenant_signals(&identity);
@@ -209,7 +240,7 @@ impl Gateway {
             recorded: &recorded,
             tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
         });
-        let inputs = Inputs { policy: &policy, req: &req, snapshot: &snapshot, started };
+        let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
         let rating = self.rate(&policy, &req, &snapshot);
         let canonical = Arc::clone(&rating.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
@@ -221,6 +252,7 @@ impl Gateway {
             }
         }
         let mut decision = self.finish(decision, request_id, &policy, explain, started);
+        decision.scenario = scenario.map(|s| s.name.clone());
         decision.subject = Subject { text: Arc::clone(&req.text), tenant: req.tenant.clone(), lang: lang.get().code };
         if let Some(drift) = &self.drift {
             drift.observe(&decision, &req.text, &lang);

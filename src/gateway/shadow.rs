@@ -7,7 +7,7 @@ use super::cascade::{self, Inputs, Recorded, Tiers};
 use super::{Gateway, ShadowConfig};
 use crate::decision::Decision;
 use crate::metrics::KindLabels;
-use crate::policy::{Policy, PolicyStore};
+use crate::policy::{Limits, Policy, PolicyStore};
 use crate::request::ClassifyRequest;
 use crate::select::SignalsSnapshot;
 use prometheus_client::metrics::counter::Counter;
@@ -26,12 +26,13 @@ pub struct Shadow {
 const LOG_QUEUE_LINES: usize = 4096;
 
 impl Shadow {
-    /// Loads the candidate policy and starts the disagreement log writer (in a tokio runtime).
-    pub(super) fn start(config: &ShadowConfig) -> anyhow::Result<Option<Shadow>> {
+    /// Loads the candidate policy (within the server's `limits`, as the live one) and starts
+    /// the disagreement log writer (in a tokio runtime).
+    pub(super) fn start(config: &ShadowConfig, limits: Limits) -> anyhow::Result<Option<Shadow>> {
         let Some(dir) = &config.dir else { return Ok(None) };
-        let policy = Policy::load_dir(dir).map_err(|e| anyhow::anyhow!("shadow policy: {e}"))?;
+        let policy = Policy::load_dir_within(dir, &limits).map_err(|e| anyhow::anyhow!("shadow policy: {e}"))?;
         tracing::info!(version = %policy.version, share = config.share, "shadow policy loaded");
-        let policies = PolicyStore::new(policy);
+        let policies = PolicyStore::within(policy, limits);
         let log = config.log.as_ref().map(|path| {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
             let path = path.clone();
@@ -68,11 +69,14 @@ impl Shadow {
         live: &Decision,
     ) -> Option<Decision> {
         let policy = self.policies.snapshot();
-        let inputs = Inputs { policy: &policy, req, snapshot, started: Instant::now() };
+        // A candidate without the request's scenario has no decision to compare.
+        let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
+        let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
         let (mut candidate, _) =
             cascade::run(&inputs, g.rate(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
+        candidate.scenario = scenario.map(|s| s.name.clone());
         candidate.model = g.model_name(&candidate);
         candidate.latency_us = inputs.started.elapsed().as_micros() as u64;
         candidate.subject = live.subject.clone();

@@ -102,6 +102,18 @@ async fn replay(
     snapshot: SignalsSnapshot,
     recorded: Recorded,
 ) -> Result<Decision, ApiError> {
+    replay_in(policy, None, req, snapshot, recorded).await
+}
+
+/// [`replay`] in the named scenario of `policy`.
+async fn replay_in(
+    policy: &Policy,
+    scenario: Option<&str>,
+    req: ClassifyRequest,
+    snapshot: SignalsSnapshot,
+    recorded: Recorded,
+) -> Result<Decision, ApiError> {
+    let scenario = policy.scenario(scenario).expect("the test's scenario is defined");
     let rating = Rating {
         text: req.text.clone(),
         lang: LanguageCell::known(req.text.clone(), english()),
@@ -111,7 +123,7 @@ async fn replay(
         signals: policy.rules.count_signals(&req.text),
         encoded: None,
     };
-    let inputs = Inputs { policy, req: &req, snapshot: &snapshot, started: Instant::now() };
+    let inputs = Inputs { policy, scenario, req: &req, snapshot: &snapshot, started: Instant::now() };
     cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
 }
 
@@ -275,4 +287,33 @@ async fn a_nan_verdict_is_never_accepted() {
     assert_eq!(d.tier, TierName::Rules);
     assert_eq!(path(&d)[0], (TierName::Cpu, Outcome::Error));
     assert_eq!(d.action, Action::Review);
+}
+
+#[tokio::test]
+async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rules() {
+    let p = policy(
+        "[scenarios.payments]\nblock_at = 0.6\n[scenarios.lenient]\nreview_at = 0.5\nblock_at = 0.95\nrules = []\n",
+    );
+    let req = |text: &str| request(text, serde_json::json!({}), None);
+    // Confidence 0.7 is not below accept_below 0.7: the cpu verdict stands in every scenario.
+    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None };
+    let (plain, payments, lenient) = (
+        replay_in(&p, None, req("a text"), snapshot(false), stands()).await.unwrap(),
+        replay_in(&p, Some("payments"), req("a text"), snapshot(false), stands()).await.unwrap(),
+        replay_in(&p, Some("lenient"), req("a text"), snapshot(false), stands()).await.unwrap(),
+    );
+    assert!([&plain, &payments, &lenient].iter().all(|d| d.tier == TierName::Cpu));
+    let action = |d: &Decision| d.action;
+    assert_eq!(action(&plain), Action::Review, "0.7: review_at 0.3 <= score < block_at 0.8");
+    assert_eq!(action(&payments), Action::Block, "block_at 0.6 there");
+    assert_eq!(action(&lenient), Action::Review, "review_at 0.5 there");
+    // An unsure verdict goes to rules; none may decide in `lenient`, so the default does.
+    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None };
+    let all = replay_in(&p, None, req("your password please"), snapshot(false), unsure()).await.unwrap();
+    assert_eq!(
+        (all.tier, all.rule.as_deref(), all.action),
+        (TierName::Rules, Some("credential_request"), Action::Block)
+    );
+    let none = replay_in(&p, Some("lenient"), req("your password please"), snapshot(false), unsure()).await.unwrap();
+    assert_eq!((none.tier, none.rule.as_deref(), none.action), (TierName::Rules, None, Action::Review));
 }

@@ -78,7 +78,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
         ));
     }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
-    let decision = app.gateway.classify(request, request_id).await?;
+    let decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
     app.gateway.audit(crate::audit::Kind::Classify, None, &decision)?;
     Ok(json_response(StatusCode::OK, &decision))
 }
@@ -109,6 +109,9 @@ async fn admin(app: &App, path: &str, method: &Method) -> Result<Response<Full<B
             let mut status = json!(g.policies.status());
             if let Some(shadow) = &g.shadow {
                 status["shadow"] = json!({"share": shadow.share, "status": shadow.policies.status()});
+            }
+            if let Some(ab) = &g.ab {
+                status["ab"] = ab.status();
             }
             if !g.route_policies.is_empty() {
                 status["route_policies"] = g.route_policies.values().map(|p| json!(p.status())).collect();

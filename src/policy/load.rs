@@ -1,6 +1,7 @@
 //! From policy files to a [`Policy`]: parsing each file, merging sections across files, checking
 //! ranges and required sections, compiling the rules.
 
+use super::scenario::{self, Limits, ScenarioSpec};
 use super::sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety};
 use super::{Policy, PolicyError, PolicyProblem, PromptSpec};
 use crate::complexity::ComplexitySpec;
@@ -39,6 +40,10 @@ pub(super) struct PolicyFile {
     #[serde(default)]
     #[schemars(with = "Vec<RuleSpec>")]
     allowlist: Vec<toml::Spanned<RuleSpec>>,
+    /// Named variants a `/v1/classify` request may choose (`x-tiergate-scenario`): thresholds,
+    /// deadline and the rules that may decide.
+    #[serde(default)]
+    scenarios: BTreeMap<String, ScenarioSpec>,
 }
 
 /// A rule of one class, with the file and line it came from.
@@ -60,6 +65,7 @@ pub(super) struct Merged {
     rules: Vec<Located>,
     guards: Vec<Located>,
     allowlist: Vec<Located>,
+    scenarios: Vec<(PathBuf, String, ScenarioSpec)>,
 }
 
 impl Merged {
@@ -111,6 +117,7 @@ impl Merged {
         self.rules.extend(file.rules.into_iter().map(located));
         self.guards.extend(file.guards.into_iter().map(located));
         self.allowlist.extend(file.allowlist.into_iter().map(located));
+        scenario::merge(&mut self.scenarios, path, file.scenarios, problems);
     }
 }
 
@@ -182,6 +189,7 @@ impl Merged {
         self,
         version: String,
         dir: &Path,
+        limits: &Limits,
         mut problems: Vec<PolicyProblem>,
     ) -> Result<Policy, PolicyError> {
         let locate = |at: SpecRef| match at {
@@ -199,6 +207,12 @@ impl Merged {
             let (file, line) = locate(p.at);
             PolicyProblem { file: file.clone(), line: Some(line), item: Some(p.item), message: p.message }
         }));
+        let scenarios = match (&self.actions, &rules) {
+            (Some((_, actions)), Some(rules)) => {
+                scenario::resolve(&self.scenarios, actions, rules, limits, &mut problems)
+            }
+            _ => Default::default(),
+        };
         match (problems.is_empty(), self.actions, self.cascade, rules) {
             (true, Some((_, actions)), Some((_, cascade)), Some(rules)) => Ok(Policy {
                 version,
@@ -212,6 +226,7 @@ impl Merged {
                 prompt: self.prompt.map(|(_, p)| p),
                 safety: self.safety.map(|(_, s)| s).unwrap_or_default(),
                 rules,
+                scenarios,
             }),
             _ => Err(PolicyError(problems)),
         }

@@ -9,6 +9,7 @@
 mod config;
 mod load;
 mod prompt;
+pub mod scenario;
 mod sections;
 mod store;
 pub mod watch;
@@ -16,6 +17,7 @@ pub mod watch;
 pub use crate::action::Action;
 pub use config::PoliciesConfig;
 pub use prompt::PromptSpec;
+pub use scenario::{Limits, Scenario, ScenarioSpec, UnknownScenario};
 pub use sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety, UnknownSignal, WhenSaturated};
 pub use store::{PolicyStore, ReloadStatus};
 
@@ -92,11 +94,18 @@ pub struct Policy {
     pub safety: Safety,
     /// Signals, rules, guards and the allow-list, compiled.
     pub rules: RuleSet,
+    /// `[scenarios.NAME]`, resolved: what a request naming one is decided with.
+    pub scenarios: std::collections::BTreeMap<String, Scenario>,
 }
 
 impl Policy {
-    /// Loads and validates every `*.toml` in `dir`.
+    /// Loads and validates every `*.toml` in `dir`, against the default [`Limits`].
     pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
+        Policy::load_dir_within(dir, &Limits::default())
+    }
+
+    /// Loads and validates every `*.toml` in `dir`; scenario deadlines must be within `limits`.
+    pub fn load_dir_within(dir: &Path, limits: &Limits) -> Result<Policy, PolicyError> {
         let dir_problem = |message: String| {
             PolicyError(vec![PolicyProblem { line: None, file: dir.to_path_buf(), item: None, message }])
         };
@@ -123,11 +132,20 @@ impl Policy {
             })?;
             files.push((path, text));
         }
-        Policy::from_sources(dir, &files)
+        Policy::from_sources_within(dir, &files, limits)
     }
 
-    /// Builds a policy from `(file name, TOML text)` pairs, in order.
+    /// Builds a policy from `(file name, TOML text)` pairs, in order, against the default [`Limits`].
     pub fn from_sources(dir: &Path, files: &[(PathBuf, String)]) -> Result<Policy, PolicyError> {
+        Policy::from_sources_within(dir, files, &Limits::default())
+    }
+
+    /// [`Policy::from_sources`], with scenario deadlines checked against `limits`.
+    pub fn from_sources_within(
+        dir: &Path,
+        files: &[(PathBuf, String)],
+        limits: &Limits,
+    ) -> Result<Policy, PolicyError> {
         let mut problems = Vec::new();
         let mut hasher = Sha256::new();
         let mut merged = Merged::default();
@@ -145,6 +163,17 @@ impl Policy {
         // After a file failed to parse, its sections are missing for that reason alone.
         let parse_failed = !problems.is_empty();
         merged.check(dir, parse_failed, &mut problems);
-        merged.build(version, dir, problems)
+        merged.build(version, dir, limits, problems)
+    }
+
+    /// The scenario a request names: `Ok(None)` for none (the policy as written).
+    ///
+    /// Errors: [`UnknownScenario`] with every scenario this policy defines.
+    pub fn scenario(&self, name: Option<&str>) -> Result<Option<&Scenario>, UnknownScenario> {
+        let Some(name) = name else { return Ok(None) };
+        self.scenarios
+            .get(name)
+            .map(Some)
+            .ok_or_else(|| UnknownScenario { name: name.to_string(), known: self.scenarios.keys().cloned().collect() })
     }
 }

@@ -1,6 +1,6 @@
 //! The live policy, swapped whole on reload.
 
-use super::{Policy, PolicyError};
+use super::{Limits, Policy, PolicyError};
 use arc_swap::ArcSwap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +12,8 @@ use std::sync::Arc;
 pub struct PolicyStore {
     current: ArcSwap<Policy>,
     dir: PathBuf,
+    /// What every reload is checked against beside the files (the server's limits).
+    limits: Limits,
     status: std::sync::Mutex<ReloadStatus>,
 }
 
@@ -34,7 +36,13 @@ fn unix_now() -> f64 {
 }
 
 impl PolicyStore {
+    /// The store of a loaded policy; reloads are checked against the default [`Limits`].
     pub fn new(policy: Policy) -> Self {
+        PolicyStore::within(policy, Limits::default())
+    }
+
+    /// The store of a policy loaded within `limits`, which every reload is checked against too.
+    pub fn within(policy: Policy, limits: Limits) -> Self {
         let status = ReloadStatus {
             version: policy.version.clone(),
             dir: policy.dir.clone(),
@@ -46,6 +54,7 @@ impl PolicyStore {
         };
         PolicyStore {
             dir: policy.dir.clone(),
+            limits,
             current: ArcSwap::from_pointee(policy),
             status: std::sync::Mutex::new(status),
         }
@@ -60,7 +69,7 @@ impl PolicyStore {
     /// on error nothing changes but the recorded error. Reloads are serialised.
     pub fn reload(&self) -> Result<Option<String>, PolicyError> {
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        match Policy::load_dir(&self.dir) {
+        match Policy::load_dir_within(&self.dir, &self.limits) {
             Ok(policy) if policy.version == status.version => {
                 status.last_error = None;
                 Ok(None)

@@ -134,10 +134,17 @@ impl RuleSet {
 
     /// Evaluates the rules in order; the first match decides, else the default applies.
     pub fn evaluate(&self, input: &RulesInput<'_>) -> RuleVerdict {
+        self.evaluate_subset(input, None)
+    }
+
+    /// [`RuleSet::evaluate`] over the rules `only` allows (one flag per rule, in order, as a
+    /// scenario's `rules` resolve; `None`: every rule).
+    pub fn evaluate_subset(&self, input: &RulesInput<'_>, only: Option<&[bool]>) -> RuleVerdict {
         let ctx = context(&self.env, input);
         let mut errors = Vec::new();
         let mut decided = None;
-        for rule in &self.rules {
+        let allowed = |i: &usize| only.is_none_or(|mask| mask.get(*i).copied().unwrap_or(false));
+        for rule in self.rules.iter().enumerate().filter(|(i, _)| allowed(i)).map(|(_, r)| r) {
             match rule.program.execute(&ctx) {
                 Ok(Value::Bool(true)) => {
                     decided = Some(rule);
@@ -206,6 +213,16 @@ impl RuleSet {
 
     pub fn guard_count(&self) -> usize {
         self.guards.len()
+    }
+
+    /// The position of the `[[rules]]` entry named `name`, in evaluation order.
+    pub fn rule_index(&self, name: &str) -> Option<usize> {
+        self.rules.iter().position(|r| r.name == name)
+    }
+
+    /// Whether a `[[guards]]` entry is named `name`.
+    pub fn is_guard(&self, name: &str) -> bool {
+        self.guards.iter().any(|r| r.name == name)
     }
 }
 

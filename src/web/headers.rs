@@ -33,6 +33,8 @@ pub fn drop_unusable_request_id<B>(mut req: http::Request<B>) -> http::Request<B
 pub const DEADLINE: &str = "x-tiergate-deadline-ms";
 /// The tenant, when the body does not name one.
 pub const TENANT: &str = "x-tiergate-tenant";
+/// The policy scenario (`[scenarios.NAME]`) of a `/v1/classify` request, when the body names none.
+pub const SCENARIO: &str = "x-tiergate-scenario";
 /// The prefix of every header tiergate sets on a screened request.
 pub const PREFIX: &str = "x-tiergate-";
 

@@ -14,6 +14,7 @@ pub(crate) fn record(request_id: &str, unix_ms: u64) -> AuditRecord {
         tenant: Some("t1".into()),
         route: None,
         policy_version: "p1".into(),
+        scenario: None,
         model: ModelRef { name: "m".into(), sha256: Some("0".repeat(64)) },
         action: "allow".into(),
         label: Some(crate::decision::Label::Ok),

@@ -372,6 +372,7 @@ impl Guard {
             tenant: a.tenant.clone(),
             route: Some(self.route.clone()),
             policy_version: self.policy.version.clone(),
+            scenario: None,
             model: a.model.clone(),
             action: verdict.action.as_str(),
             label: Some(Label::from_risk_score(verdict.risk_score)),

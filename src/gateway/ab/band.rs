@@ -1,0 +1,314 @@
+//! The A/B rollback decision as pure functions of windowed counts and a clock reading: which
+//! arm a sticky key falls in, the outcome counts of each arm over a sliding window, whether the
+//! candidate's block, fallback or error rate is outside its band around the live policy's, and
+//! whether it has been outside for long enough to roll back. No locks, no clock: the runtime
+//! ([`super::Ab`]) feeds them and acts on the answer.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+
+/// Which policy decides a request in an A/B test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arm {
+    Live,
+    Candidate,
+}
+
+impl Arm {
+    /// The metric label and the decision's `arm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::Live => "live",
+            Arm::Candidate => "candidate",
+        }
+    }
+}
+
+/// The arm of a sticky key (a tenant, or the configured key header's value): the first 8 bytes
+/// of its SHA-256 as a fraction of 2^64, in the candidate's `share` when below it. The same key
+/// always lands in the same arm, in every replica and after restarts; raising the share only
+/// moves keys from live to candidate.
+pub fn arm_of(key: &str, share: f64) -> Arm {
+    let digest = Sha256::digest(key.as_bytes());
+    let head = u64::from_be_bytes(digest[..8].try_into().unwrap_or_default());
+    if (head as f64) / 18_446_744_073_709_551_616.0 < share {
+        Arm::Candidate
+    } else {
+        Arm::Live
+    }
+}
+
+/// The rates a band is kept on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Measure {
+    /// Decisions whose action is `block`.
+    Block,
+    /// Decisions rules made because no model verdict stood (tier `rules`).
+    Fallback,
+    /// Requests answered with a server error (shed, internal) instead of a decision.
+    Error,
+}
+
+impl Measure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Measure::Block => "block",
+            Measure::Fallback => "fallback",
+            Measure::Error => "error",
+        }
+    }
+}
+
+/// What one request of an arm came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A decision: whether it blocks, whether rules made it.
+    Decided { block: bool, fallback: bool },
+    /// A server error instead of a decision.
+    Error,
+}
+
+/// One arm's outcomes over a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Requests: decisions and errors.
+    pub requests: u64,
+    pub blocks: u64,
+    pub fallbacks: u64,
+    pub errors: u64,
+}
+
+impl Counts {
+    fn add(&mut self, outcome: Outcome) {
+        self.requests += 1;
+        match outcome {
+            Outcome::Decided { block, fallback } => {
+                self.blocks += block as u64;
+                self.fallbacks += fallback as u64;
+            }
+            Outcome::Error => self.errors += 1,
+        }
+    }
+
+    fn merge(&mut self, other: &Counts) {
+        self.requests += other.requests;
+        self.blocks += other.blocks;
+        self.fallbacks += other.fallbacks;
+        self.errors += other.errors;
+    }
+
+    /// The share of requests with `measure`, [0, 1]; 0 without requests.
+    pub fn rate(&self, measure: Measure) -> f64 {
+        let n = match measure {
+            Measure::Block => self.blocks,
+            Measure::Fallback => self.fallbacks,
+            Measure::Error => self.errors,
+        };
+        if self.requests == 0 {
+            0.0
+        } else {
+            n as f64 / self.requests as f64
+        }
+    }
+}
+
+/// Both arms' counts over the last `span_s` whole seconds, in one bucket per second.
+#[derive(Debug, Clone)]
+pub struct Window {
+    span_s: u64,
+    /// (second, live, candidate), oldest first.
+    buckets: VecDeque<(u64, Counts, Counts)>,
+}
+
+impl Window {
+    pub fn new(span_s: u64) -> Window {
+        Window { span_s: span_s.max(1), buckets: VecDeque::new() }
+    }
+
+    /// Counts `outcome` for `arm` at `now_ms` (any monotonic origin); drops buckets out of the span.
+    pub fn record(&mut self, now_ms: u64, arm: Arm, outcome: Outcome) {
+        let second = now_ms / 1000;
+        self.expire(second);
+        if self.buckets.back().is_none_or(|(s, _, _)| *s != second) {
+            self.buckets.push_back((second, Counts::default(), Counts::default()));
+        }
+        if let Some((_, live, candidate)) = self.buckets.back_mut() {
+            match arm {
+                Arm::Live => live.add(outcome),
+                Arm::Candidate => candidate.add(outcome),
+            }
+        }
+    }
+
+    /// (live, candidate) over the span ending at `now_ms`.
+    pub fn totals(&mut self, now_ms: u64) -> (Counts, Counts) {
+        self.expire(now_ms / 1000);
+        let (mut live, mut candidate) = (Counts::default(), Counts::default());
+        for (_, l, c) in &self.buckets {
+            live.merge(l);
+            candidate.merge(c);
+        }
+        (live, candidate)
+    }
+
+    pub fn clear(&mut self) {
+        self.buckets.clear();
+    }
+
+    fn expire(&mut self, second: u64) {
+        while self.buckets.front().is_some_and(|(s, _, _)| *s + self.span_s <= second) {
+            self.buckets.pop_front();
+        }
+    }
+}
+
+/// How far each candidate rate may be from the live one (absolute difference, [0, 1]), and the
+/// samples both arms need in the window before the difference means anything.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bands {
+    pub block: f64,
+    pub fallback: f64,
+    pub error: f64,
+    pub min_samples: u64,
+}
+
+/// A rate outside its band.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Breach {
+    pub measure: Measure,
+    pub live_rate: f64,
+    pub candidate_rate: f64,
+    pub band: f64,
+    /// Requests of each arm in the window.
+    pub live_samples: u64,
+    pub candidate_samples: u64,
+}
+
+/// What the window says about the candidate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// An arm has fewer than `min_samples` requests in the window: no judgement either way.
+    TooFewSamples,
+    InBand,
+    /// The first measure (block, fallback, error) whose candidate rate is out of its band.
+    OutOfBand(Breach),
+}
+
+/// Compares the candidate's rates with the live ones: out of band when
+/// `|candidate - live| > band` for a measure, once both arms have `min_samples`.
+pub fn check(live: &Counts, candidate: &Counts, bands: &Bands) -> Check {
+    if live.requests < bands.min_samples || candidate.requests < bands.min_samples {
+        return Check::TooFewSamples;
+    }
+    let measures = [(Measure::Block, bands.block), (Measure::Fallback, bands.fallback), (Measure::Error, bands.error)];
+    for (measure, band) in measures {
+        let (l, c) = (live.rate(measure), candidate.rate(measure));
+        if (c - l).abs() > band {
+            return Check::OutOfBand(Breach {
+                measure,
+                live_rate: l,
+                candidate_rate: c,
+                band,
+                live_samples: live.requests,
+                candidate_samples: candidate.requests,
+            });
+        }
+    }
+    Check::InBand
+}
+
+/// Whether to roll back now. `since_ms`: when the candidate was first seen out of band without
+/// coming back in since (`None`: in band). Returns the new `since_ms` and `true` once it has been
+/// out of band for `hold_ms` (0: at the first breach). Too few samples keeps the clock as it is:
+/// a quiet minute neither proves the candidate good nor restarts its count.
+pub fn hold(since_ms: Option<u64>, check: &Check, now_ms: u64, hold_ms: u64) -> (Option<u64>, bool) {
+    match check {
+        Check::InBand => (None, false),
+        Check::TooFewSamples => (since_ms, false),
+        Check::OutOfBand(_) => {
+            let since = since_ms.unwrap_or(now_ms);
+            (Some(since), now_ms.saturating_sub(since) >= hold_ms)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BANDS: Bands = Bands { block: 0.1, fallback: 0.15, error: 0.05, min_samples: 10 };
+
+    fn counts(requests: u64, blocks: u64, fallbacks: u64, errors: u64) -> Counts {
+        Counts { requests, blocks, fallbacks, errors }
+    }
+
+    #[test]
+    fn a_key_always_lands_in_the_same_arm_and_the_share_is_kept() {
+        assert_eq!(arm_of("tenant-a", 0.5), arm_of("tenant-a", 0.5));
+        assert_eq!(arm_of("anything", 0.0), Arm::Live);
+        assert_eq!(arm_of("anything", 1.0), Arm::Candidate);
+        let candidates = (0..10_000).filter(|i| arm_of(&format!("key-{i}"), 0.3) == Arm::Candidate).count();
+        assert!((2_800..=3_200).contains(&candidates), "{candidates} of 10000 at share 0.3");
+        // Raising the share only moves keys into the candidate.
+        let moved_out = (0..2_000).filter(|i| {
+            let k = format!("key-{i}");
+            arm_of(&k, 0.2) == Arm::Candidate && arm_of(&k, 0.4) == Arm::Live
+        });
+        assert_eq!(moved_out.count(), 0);
+    }
+
+    #[test]
+    fn too_few_samples_judge_nothing() {
+        assert_eq!(check(&counts(9, 0, 0, 0), &counts(100, 100, 0, 0), &BANDS), Check::TooFewSamples);
+        assert_eq!(check(&counts(100, 0, 0, 0), &counts(9, 9, 0, 0), &BANDS), Check::TooFewSamples);
+    }
+
+    #[test]
+    fn each_rate_is_held_to_its_own_band_in_both_directions() {
+        let live = counts(100, 10, 20, 1);
+        assert_eq!(check(&live, &counts(50, 9, 10, 0), &BANDS), Check::InBand, "block 0.18 vs 0.1: within 0.1");
+        let Check::OutOfBand(b) = check(&live, &counts(50, 11, 10, 0), &BANDS) else { panic!("block 0.22") };
+        assert_eq!((b.measure, b.live_rate, b.candidate_rate, b.band), (Measure::Block, 0.1, 0.22, 0.1));
+        assert_eq!((b.live_samples, b.candidate_samples), (100, 50));
+        let Check::OutOfBand(b) = check(&live, &counts(50, 5, 0, 0), &BANDS) else { panic!("fallback 0") };
+        assert_eq!(b.measure, Measure::Fallback, "a candidate too far below is out of band too");
+        let Check::OutOfBand(b) = check(&live, &counts(50, 5, 10, 4), &BANDS) else { panic!("errors 0.08") };
+        assert_eq!((b.measure, b.candidate_rate), (Measure::Error, 0.08));
+    }
+
+    #[test]
+    fn rollback_waits_for_the_breach_to_last_and_forgets_it_once_back_in_band() {
+        let out = Check::OutOfBand(Breach {
+            measure: Measure::Block,
+            live_rate: 0.1,
+            candidate_rate: 1.0,
+            band: 0.1,
+            live_samples: 10,
+            candidate_samples: 10,
+        });
+        assert_eq!(hold(None, &out, 1_000, 5_000), (Some(1_000), false));
+        assert_eq!(hold(Some(1_000), &Check::TooFewSamples, 3_000, 5_000), (Some(1_000), false));
+        assert_eq!(hold(Some(1_000), &out, 5_999, 5_000), (Some(1_000), false));
+        assert_eq!(hold(Some(1_000), &out, 6_000, 5_000), (Some(1_000), true));
+        assert_eq!(hold(Some(1_000), &Check::InBand, 6_000, 5_000), (None, false));
+        assert_eq!(hold(None, &out, 7_000, 0), (Some(7_000), true), "hold 0: the first breach rolls back");
+    }
+
+    #[test]
+    fn the_window_forgets_what_is_older_than_its_span() {
+        let mut w = Window::new(10);
+        let block = Outcome::Decided { block: true, fallback: false };
+        w.record(0, Arm::Candidate, block);
+        w.record(500, Arm::Live, Outcome::Decided { block: false, fallback: true });
+        w.record(9_999, Arm::Candidate, Outcome::Error);
+        assert_eq!(w.totals(9_999), (counts(1, 0, 1, 0), counts(2, 1, 0, 1)));
+        assert_eq!(w.totals(10_000), (counts(0, 0, 0, 0), counts(1, 0, 0, 1)), "second 0 is out at 10 s");
+        w.record(25_000, Arm::Live, block);
+        assert_eq!(w.totals(25_000), (counts(1, 1, 0, 0), Counts::default()));
+        w.clear();
+        assert_eq!(w.totals(25_000), (Counts::default(), Counts::default()));
+    }
+}

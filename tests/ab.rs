@@ -1,0 +1,145 @@
+//! A live A/B test against the real binary: a candidate policy that blocks everything takes
+//! half of the sticky keys, decides for real, is rolled back automatically once its block rate
+//! leaves the band around the live policy's, and afterwards decides nothing; the rollback shows
+//! in `GET /admin/policy` and in `/metrics`. Also the `[ab]` section's strictness.
+
+mod common;
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use tiergate::gateway::ab::band::{arm_of, Arm};
+use tiergate::Config;
+
+const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+
+/// A candidate that trusts no model verdict (rules decide everything) and blocks by default.
+fn blocks_everything() -> std::path::PathBuf {
+    common::policies_with_routing(
+        "ab-candidate",
+        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n\
+         [default]\naction = \"block\"\nscore = 0.95\n",
+    )
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+async fn classify(addr: SocketAddr, key: &str) -> Value {
+    classify_with(addr, &[("x-ab-key", key)]).await
+}
+
+/// `POST /v1/classify` of [`BENIGN`] with a 5 s deadline and `extra` headers; must be decided.
+async fn classify_with(addr: SocketAddr, extra: &[(&str, &str)]) -> Value {
+    let mut headers = vec![("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
+    headers.extend_from_slice(extra);
+    let reply = common::send(addr, "POST", "/v1/classify", &headers, json!({"text": BENIGN}).to_string()).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    reply.json()
+}
+
+fn metric(text: &str, line_start: &str) -> Option<u64> {
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
+    let dir = std::env::temp_dir().join(format!("tiergate-ab-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (public, admin) = (free_port(), free_port());
+    let candidate = blocks_everything();
+    let config = format!(
+        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
+         [policies]\ndir = \"{}\"\nwatch = false\n\
+         [ab]\ndir = \"{}\"\nshare = 0.5\nsticky = \"header\"\nkey_header = \"x-ab-key\"\nblock_band = 0.2\n\
+         min_samples = 5\nwindow_s = 60\nbreach_for_s = 0\n",
+        common::repo().join("models").display(),
+        common::repo().join("policies").display(),
+        candidate.display(),
+    );
+    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
+    let server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
+    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
+    assert_eq!(status["ab"]["state"], "active", "{status}");
+    let (live_version, candidate_version) = (status["version"].clone(), status["ab"]["candidate"]["version"].clone());
+
+    // The live policy decides a request without a key, and one naming a scenario the candidate
+    // lacks even when its key is the candidate's (the bundled `payments` is live-only here).
+    assert_eq!(classify_with(public, &[]).await["arm"], "live");
+    let theirs = (0..100).map(|i| format!("probe-{i}")).find(|k| arm_of(k, 0.5) == Arm::Candidate).unwrap();
+    let d = classify_with(public, &[("x-ab-key", &theirs), ("x-tiergate-scenario", "payments")]).await;
+    assert_eq!((d["arm"].as_str(), d["scenario"].as_str()), (Some("live"), Some("payments")), "{d}");
+
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+    let mut by_candidate = Vec::new();
+    for key in &keys {
+        let d = classify(public, key).await;
+        match d["arm"].as_str() {
+            Some("candidate") => {
+                assert_eq!((d["action"].as_str(), &d["policy_version"]), (Some("block"), &candidate_version), "{d}");
+                by_candidate.push(key.clone());
+            }
+            Some("live") => assert_eq!(d["policy_version"], live_version, "{d}"),
+            other => panic!("every decision names its arm, got {other:?}: {d}"),
+        }
+        // Sticky: the same key, the same arm (until the rollback).
+        if d["arm"] == "live" {
+            assert_eq!(classify(public, key).await["arm"], "live");
+        }
+    }
+    assert!(by_candidate.len() >= 5, "about half of 40 keys are the candidate's: {}", by_candidate.len());
+
+    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
+    let ab = &status["ab"];
+    assert_eq!(ab["state"], "rolled_back", "{ab}");
+    let rollback = &ab["rollback"];
+    assert_eq!((rollback["measure"].as_str(), rollback["candidate_rate"].as_f64()), (Some("block"), Some(1.0)));
+    assert!(rollback["live_rate"].as_f64().unwrap() < 0.8, "{rollback}");
+    assert!(rollback["at_unix"].as_f64().unwrap() > 1.7e9, "{rollback}");
+    assert!(rollback["reason"].as_str().unwrap().starts_with("block rate 1.000 vs live"), "{rollback}");
+    assert_eq!(rollback["candidate_version"], candidate_version);
+
+    let metrics = String::from_utf8_lossy(&common::send(admin, "GET", "/metrics", &[], "").await.body).to_string();
+    assert_eq!(metric(&metrics, "tiergate_ab_rollbacks_total{measure=\"block\"}"), Some(1), "{metrics}");
+    assert_eq!(metric(&metrics, "tiergate_ab_candidate_active"), Some(0));
+    let counted = metric(&metrics, "tiergate_ab_decisions_total{arm=\"candidate\",action=\"block\"}");
+    assert_eq!(counted, Some(by_candidate.len() as u64), "every candidate decision counted for its arm");
+
+    // Rolled back: the candidate's own keys are decided by the live policy.
+    for key in &by_candidate {
+        let d = classify(public, key).await;
+        assert_eq!((d["arm"].as_str(), &d["policy_version"]), (Some("live"), &live_version), "{d}");
+    }
+    let metrics = String::from_utf8_lossy(&common::send(admin, "GET", "/metrics", &[], "").await.body).to_string();
+    let after = metric(&metrics, "tiergate_ab_decisions_total{arm=\"candidate\",action=\"block\"}");
+    assert_eq!(after, counted, "nothing more decided by the candidate");
+
+    // A fixed candidate (a new version) takes its share again, with fresh counts.
+    std::fs::copy(common::repo().join("policies/routing.toml"), candidate.join("routing.toml")).unwrap();
+    let reload = common::send(admin, "POST", "/admin/reload", &[], "").await;
+    assert_eq!(reload.status, StatusCode::OK);
+    let ab = common::send(admin, "GET", "/admin/policy", &[], "").await.json()["ab"].clone();
+    assert_eq!((ab["state"].as_str(), &ab["rollback"]), (Some("active"), &Value::Null), "{ab}");
+    assert_ne!(ab["candidate"]["version"], candidate_version);
+    assert_eq!(ab["window"]["candidate"]["counts"]["requests"], 0);
+    assert_eq!(classify(public, &by_candidate[0]).await["arm"], "candidate", "sticky again");
+    drop(server);
+}
+
+#[test]
+fn the_ab_section_is_strict_and_its_errors_name_the_key() {
+    let unknown = Config::parse("[ab]\nshar = 0.5\n").unwrap_err().to_string();
+    assert!(unknown.contains("ab") && unknown.contains("unknown field `shar`"), "{unknown}");
+    let sticky = Config::parse("[ab]\nsticky = \"cookie\"\n").unwrap_err().to_string();
+    assert!(sticky.contains("ab.sticky"), "{sticky}");
+    let invalid = |text: &str| Config::parse(text).unwrap().validate().unwrap_err().to_string();
+    assert_eq!(invalid("[ab]\nshare = 1.5\n"), "`ab.share` must be in [0, 1], got 1.5");
+    assert_eq!(invalid("[ab]\nblock_band = -0.1\n"), "`ab.block_band` must be in [0, 1], got -0.1");
+    assert_eq!(invalid("[ab]\nmin_samples = 0\n"), "`ab.min_samples` must be at least 1");
+    assert_eq!(
+        invalid("[ab]\nkey_header = \"bad header\"\n"),
+        "`ab.key_header` is not a valid header name: `bad header`"
+    );
+}

@@ -33,6 +33,7 @@ use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, Sig
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
+use crate::tenant::identity::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
 use crate::tenant::{Identity, QuotaStore, Tenants};
 use crate::text::{self, LanguageCell};
@@ -285,11 +286,7 @@ impl Gateway {
                         state.class.name,
                         quota.per_second,
                         quota.burst,
-                        if identity.state.label == crate::tenant::identity::OTHER {
-                            ", shared by every unknown tenant"
-                        } else {
-                            ""
-                        }
+                        if state.label == OTHER { ", shared by every unknown tenant" } else { "" }
                     ),
                     other => format!("the quota store refused: {other}"),
                 };

@@ -129,16 +129,16 @@ impl Tenants {
             .chain([config.default_class.as_str()])
             .map(|n| (n, class(n)))
             .collect();
+        let default = Arc::clone(&classes[config.default_class.as_str()]);
+        // A class `check` would refuse falls back to the default class rather than panicking.
+        let class_of = |c: &str| Arc::clone(classes.get(c).unwrap_or(&default));
         let known = config
             .known
             .iter()
-            .map(|(t, c)| {
-                (t.clone(), TenantState::new(format!("tenant:{t}"), t.clone(), Arc::clone(&classes[c.as_str()])))
-            })
+            .map(|(t, c)| (t.clone(), TenantState::new(format!("tenant:{t}"), t.clone(), class_of(c))))
             .collect();
         let api_keys =
             config.api_keys.iter().filter_map(|(hex, tenant)| Some((decode_hex(hex)?, tenant.clone()))).collect();
-        let default = Arc::clone(&classes[config.default_class.as_str()]);
         Tenants {
             known,
             api_keys,

@@ -31,7 +31,8 @@ pub fn drop_unusable_request_id<B>(mut req: http::Request<B>) -> http::Request<B
 }
 /// A per-request deadline in milliseconds (`/v1/classify`).
 pub const DEADLINE: &str = "x-tiergate-deadline-ms";
-/// The tenant, when the body does not name one.
+/// The tenant the request claims, when the body does not name one; counted only under
+/// `[tenants] accept_claimed = true` (see `crate::tenant::identity`).
 pub const TENANT: &str = "x-tiergate-tenant";
 /// The policy scenario (`[scenarios.NAME]`) of a `/v1/classify` request, when the body names none.
 pub const SCENARIO: &str = "x-tiergate-scenario";

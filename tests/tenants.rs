@@ -244,3 +244,50 @@ async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reac
     assert!(m.contains("tiergate_tenant_limited_total{tenant=\"c\",limit=\"gpu_daily_budget\"} 2"), "{m}");
     assert!(!m.contains("tenant=\"b\",limit="), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_route_names_its_tenant_and_its_claim_source_is_ignored_by_default() {
+    let app = common::app::start();
+    let routes = format!(
+        "[[routes]]\nname = \"support\"\npath_prefix = \"/echo/support\"\nupstream = [\"{app}\"]\n\
+         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\ntenant_name = \"chat\"\n\
+         [[routes]]\nname = \"open\"\npath_prefix = \"/echo/open\"\nupstream = [\"{app}\"]\n\
+         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\n",
+        app = app.url()
+    );
+    let s = serve("route", &common::repo().join("policies"), &format!("{routes}{}", identity_config("")));
+    let post = |path: &'static str, body: Value| {
+        let public = s.public;
+        async move {
+            let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "8000")];
+            common::send(public, "POST", path, &headers, body.to_string()).await
+        }
+    };
+    // The route's tenant is `chat` (burst 2), whatever the body claims.
+    for _ in 0..2 {
+        assert_eq!(post("/echo/support", json!({"text": "hello", "tenant": "payments"})).await.status, 200);
+    }
+    let r = post("/echo/support", json!({"text": "hello", "tenant": "payments"})).await;
+    assert_eq!(r.status, 429);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("tenant `chat`"), "{}", r.json());
+    // A route without a tenant: the claim is not read (not even its length), so the request is
+    // the unknown tenant (burst 1).
+    let long = "p".repeat(300);
+    assert_eq!(post("/echo/open", json!({"text": "hello", "tenant": long})).await.status, 200);
+    let r = post("/echo/open", json!({"text": "hello", "tenant": "payments"})).await;
+    assert_eq!(r.status, 429);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("tenant `other`"), "{}", r.json());
+    let m = metrics(&s).await;
+    assert!(m.contains("tiergate_tenant_requests_total{tenant=\"chat\"} 2"), "{m}");
+    assert!(m.contains("tiergate_tenant_requests_total{tenant=\"other\"} 1"), "{m}");
+}
+
+#[test]
+fn a_route_tenant_must_be_known_and_errors_name_the_key() {
+    let text = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = [\"http://127.0.0.1:1\"]\n\
+                [routes.screen]\ntext = [\"/text\"]\ntenant_name = \"ghost\"\n";
+    let err = tiergate::Config::parse(text).unwrap().validate().unwrap_err().to_string();
+    assert!(err.contains("`routes[0].screen.tenant_name`: tenant `ghost` is not in [tenants.known]"), "{err}");
+    let err = tiergate::Config::parse("[tenants]\naccept_claims = true\n").unwrap_err().to_string();
+    assert!(err.contains("tenants") && err.contains("accept_claims"), "{err}");
+}

@@ -153,19 +153,6 @@ impl Gateway {
         SignalsSnapshot { cpu, gpu, tenant: TenantSignals::default() }
     }
 
-    /// What routing knows of `identity`'s tenant now: its gpu slots held, its class's share,
-    /// whether its daily gpu budget is known spent.
-    pub fn tenant_signals(&self, identity: &Identity) -> TenantSignals {
-        let state = &identity.state;
-        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        TenantSignals {
-            tenant: state.label.clone(),
-            gpu_in_flight: state.gpu.in_flight(),
-            gpu_share: state.class.gpu_share,
-            gpu_budget_spent: state.class.gpu_daily_budget.filter(|_| state.budget_spent(now_s)),
-        }
-    }
-
     /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
     /// and `Shed` (both model tiers saturated under `when_saturated = "shed"`). With a shadow
     /// policy configured, a share of requests is also decided by the candidate, which never
@@ -208,7 +195,7 @@ impl Gateway {
         let policy = store.snapshot();
         let identity = self.admit(&req).await?;
         let mut snapshot = self.snapshot(started, &policy);
-        snapshot.tenant = self.tenant_signals(&identity);
+        snapshot.tenant = tenant_signals(&identity);
         if let (None, Err(why)) =
             (&snapshot.gpu.unavailable, select::tenant_gpu_eligibility(&snapshot.tenant, policy.gpu.max_in_flight))
         {
@@ -354,6 +341,19 @@ impl Gateway {
     /// The configured gpu backend (for `/readyz`).
     pub fn gpu_backend(&self) -> GpuBackend {
         self.gpu_backend
+    }
+}
+
+/// What routing knows of `identity`'s tenant now: its gpu slots held, its class's share,
+/// whether its daily gpu budget is known spent.
+pub fn tenant_signals(identity: &Identity) -> TenantSignals {
+    let state = &identity.state;
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+    TenantSignals {
+        tenant: state.label.clone(),
+        gpu_in_flight: state.gpu.in_flight(),
+        gpu_share: state.class.gpu_share,
+        gpu_budget_spent: state.class.gpu_daily_budget.filter(|_| state.budget_spent(now_s)),
     }
 }
 

@@ -51,7 +51,9 @@ async fn gcra_allows_the_burst_then_refuses_with_retry_after_and_refills() {
     tokio::time::sleep(denied.retry_after + Duration::from_millis(20)).await;
     store.check_rate("payments", quota).await.expect("one interval later one request conforms");
     let again = store.check_rate("payments", quota).await.expect_err("and only one");
-    assert!(again.retry_after > Duration::from_millis(400), "a whole interval to wait: {again:?}");
+    // A whole interval (500 ms) less the time between the two checks; 250 ms leaves room for
+    // a stall on a loaded machine.
+    assert!(again.retry_after > Duration::from_millis(250), "most of an interval to wait: {again:?}");
     assert_eq!(fallbacks(&metrics, "rate", "closed"), 0, "every check was decided by Redis");
     assert_eq!(store.circuit(), CircuitState::Closed);
 }

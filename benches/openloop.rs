@@ -31,7 +31,10 @@
 //!
 //! With `--pid PID` it also samples the server (that process and its descendants): resident
 //! memory (sum of VmRSS, peak over 200 ms samples; sum of VmHWM at the end) and CPU time, and
-//! the CPU that other processes used meanwhile (`other_cpu_cores`, to discard disturbed runs).
+//! the CPU that other processes used meanwhile (`other_cpu_cores`, to discard disturbed runs);
+//! `server_cpu_ms_per_req_by_thread` splits the server's CPU per request by thread name (all of
+//! a name summed: `tiergate-cpu-0`, `tokio-rt-worker`, `tiergate-audit`, ...), which attributes
+//! a cost to the thread that pays it when the total is too noisy to show it.
 //! With `--phases R1:S1,R2:S2,...` the offered rate changes over time (a burst: `350:2,2100:5,350:8`):
 //! the schedule is the phases in turn, `--warmup` seconds of it are not measured, and the JSON
 //! adds `recovery_s`: from the end of the highest-rate phase to the end of the last 100 ms bin
@@ -392,6 +395,20 @@ fn tree_cpu(tree: &[u32]) -> f64 {
     tree.iter().map(|p| cpu_seconds(&p.to_string())).sum()
 }
 
+/// CPU seconds of the tree's threads, summed by thread name (`/proc/P/task/T/comm`).
+fn thread_cpu(tree: &[u32]) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for pid in tree {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for task in tasks.flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) else { continue };
+            *by_name.entry(name.trim().to_string()).or_insert(0.0) += cpu_seconds(&format!("{pid}/task/{tid}"));
+        }
+    }
+    by_name
+}
+
 fn percentile(sorted: &[u64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -438,6 +455,7 @@ async fn run_rate(
     // Server sampling: RSS every 200 ms, CPU time at the start and end.
     let tree = args.pid.map(process_tree).unwrap_or_default();
     let server_cpu0 = tree_cpu(&tree);
+    let threads0 = thread_cpu(&tree);
     let client_cpu0 = cpu_seconds("self");
     let machine0 = machine_busy_seconds();
     let wall0 = std::time::Instant::now();
@@ -518,6 +536,7 @@ async fn run_rate(
     let hwm_kb: u64 = tree.iter().map(|p| status_kb(*p, "VmHWM:")).sum();
     let wall = wall0.elapsed().as_secs_f64();
     let server_cpu = tree_cpu(&tree) - server_cpu0;
+    let threads = thread_cpu(&tree);
     let client_cpu = cpu_seconds("self") - client_cpu0;
     let machine = machine_busy_seconds() - machine0;
     let answered_all = samples.iter().filter(|s| matches!(s.outcome, Outcome::Ok | Outcome::Degraded)).count();
@@ -600,6 +619,12 @@ async fn run_rate(
         "server_cpu_cores": if tree.is_empty() { serde_json::Value::Null } else { r3(server_cpu / wall).into() },
         "server_cpu_ms_per_req": if tree.is_empty() || answered_all == 0 { serde_json::Value::Null }
             else { r3(server_cpu * 1000.0 / answered_all as f64).into() },
+        "server_cpu_ms_per_req_by_thread": if tree.is_empty() || answered_all == 0 { serde_json::Value::Null } else {
+            threads.iter().map(|(name, s)| {
+                let ms = (s - threads0.get(name).copied().unwrap_or(0.0)) * 1000.0 / answered_all as f64;
+                (name.clone(), serde_json::Value::from(r3(ms)))
+            }).collect::<serde_json::Map<_, _>>().into()
+        },
         "server_rss_peak_mb": if tree.is_empty() { serde_json::Value::Null } else { r3(rss_peak_kb as f64 / 1024.0).into() },
         "server_hwm_mb": if tree.is_empty() { serde_json::Value::Null } else { r3(hwm_kb as f64 / 1024.0).into() },
         "server_processes": tree.len(),

@@ -3,7 +3,7 @@
 //! an embedded SQLite store that also serves as the outbox of a sink such as Kafka.
 //!
 //! The request path builds a [`Draft`] (clones, no formatting) and `try_send`s it to a bounded
-//! queue; one writer thread renders the text as `[audit] text` says, writes JSON and commits in
+//! queue (control messages — flush, stop — go on a channel of their own); one writer thread renders the text as `[audit] text` says, writes JSON and commits in
 //! batches. A full queue is `[audit] on_full`: the request gets 503 (`block`, the default: no
 //! record is lost silently) or the record is dropped and counted (`drop`). SIGTERM drains the
 //! server, then [`Audit::close`] commits everything queued.
@@ -36,7 +36,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-use writer::{Msg, Writer};
+use writer::{Control, Writer};
 
 /// The audit metrics (handles into [`Metrics`]).
 #[derive(Clone)]
@@ -66,7 +66,10 @@ impl AuditMetrics {
 
 /// The audit trail's front: the queue, the writer thread and the outbox.
 pub struct Audit {
-    tx: Sender<Msg>,
+    tx: Sender<Box<Draft>>,
+    control: Sender<Control>,
+    /// `flush_max_records`: a queue this long wakes the writer before its interval.
+    flush_max: usize,
     on_full: OnFull,
     metrics: AuditMetrics,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -95,10 +98,14 @@ impl Audit {
         }
         let backlog = Arc::new(Backlog::default());
         let outbox = Arc::new(SqliteOutbox::open(&config.dir, Arc::clone(&backlog))?);
-        let (tx, rx) = crossbeam_channel::bounded(config.queue_capacity);
+        let (tx, records) = crossbeam_channel::bounded(config.queue_capacity);
+        // Room for the few control messages in flight at once (flush, stop, a full-queue nudge);
+        // a sender of a further nudge finds it full and leaves it, one is enough.
+        let (control, control_rx) = crossbeam_channel::bounded(8);
         let metrics = AuditMetrics::from(metrics);
         let writer = Writer {
-            rx,
+            records,
+            control: control_rx,
             store,
             text: text::TextPolicy::new(config.text, key),
             flush_every: Duration::from_millis(config.flush_interval_ms),
@@ -121,6 +128,8 @@ impl Audit {
         });
         Ok(Audit {
             tx,
+            control,
+            flush_max: config.flush_max_records,
             on_full: config.on_full,
             metrics,
             writer: Mutex::new(Some(handle)),
@@ -147,8 +156,13 @@ impl Audit {
     /// `ApiError::Shed` (503 with `Retry-After`) for the caller to answer with; under `drop`
     /// the record is dropped and counted. After [`Audit::close`], records are counted dropped.
     pub fn submit(&self, draft: Draft) -> Result<(), ApiError> {
-        match self.tx.try_send(Msg::Record(Box::new(draft))) {
-            Ok(()) => Ok(()),
+        match self.tx.try_send(Box::new(draft)) {
+            Ok(()) => {
+                if self.tx.len() >= self.flush_max {
+                    let _ = self.control.try_send(Control::Full);
+                }
+                Ok(())
+            }
             Err(TrySendError::Full(_)) => {
                 self.metrics.queue_full.inc();
                 match self.on_full {
@@ -173,7 +187,7 @@ impl Audit {
     /// Queues a record that no response waits on (a stream cut, a shadow disagreement): under
     /// `block` a full queue is waited out on a task of its own, under `drop` it drops and counts.
     pub fn submit_detached(self: &Arc<Self>, draft: Draft) {
-        let Err(TrySendError::Full(msg)) = self.tx.try_send(Msg::Record(Box::new(draft))) else { return };
+        let Err(TrySendError::Full(msg)) = self.tx.try_send(Box::new(draft)) else { return };
         self.metrics.queue_full.inc();
         if self.on_full == OnFull::Drop || tokio::runtime::Handle::try_current().is_err() {
             self.metrics.dropped.inc();
@@ -195,14 +209,14 @@ impl Audit {
     /// Waits until every record queued before the call is committed (blocking).
     pub fn flush(&self) {
         let (done, wait) = mpsc::channel();
-        if self.tx.send(Msg::Flush(done)).is_ok() {
+        if self.control.send(Control::Flush(done)).is_ok() {
             let _ = wait.recv();
         }
     }
 
     /// Commits everything queued and stops the writer (blocking; for shutdown). Idempotent.
     pub fn close(&self) {
-        let _ = self.tx.send(Msg::Stop);
+        let _ = self.control.send(Control::Stop);
         if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = handle.join();
         }
@@ -225,7 +239,7 @@ impl Audit {
     pub fn pause_writer_for_tests(&self) -> WriterPaused {
         let (paused, is_paused) = mpsc::channel();
         let (resume, resumed) = mpsc::channel();
-        if self.tx.send(Msg::Pause { paused, resume: resumed }).is_ok() {
+        if self.control.send(Control::Pause { paused, resume: resumed }).is_ok() {
             let _ = is_paused.recv();
         }
         WriterPaused { _resume: resume }

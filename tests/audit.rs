@@ -205,26 +205,49 @@ fn free_port() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_commits_every_queued_record() {
-    let dir = scratch("sigterm");
-    std::fs::create_dir_all(&dir).unwrap();
+/// `tiergate serve` with the audit trail in `dir/audit`, an hour between flushes (so that only a
+/// full queue or the shutdown can commit) and `flush_max_records`.
+fn serve_audited(dir: &Path, flush_max_records: usize) -> common::Sidecar {
+    std::fs::create_dir_all(dir).unwrap();
     let (public, admin) = (free_port(), free_port());
     let repo = common::repo();
-    // An hour between flushes: only the shutdown flush can commit these records.
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n\
-         flush_max_records = 100000\n",
+         flush_max_records = {flush_max_records}\n",
         repo.join("models").display(),
         repo.join("policies").display(),
         dir.join("audit").display()
     );
     std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    let mut server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
+    common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_flush_max_records_commits_before_the_interval() {
+    let dir = scratch("flush-max");
+    let server = serve_audited(&dir, 10);
     let k = 25;
     for i in 0..k {
-        let reply = post(public, "/v1/classify", &format!("term-{i}"), json!({"text": BENIGN})).await;
+        let reply = post(server.public, "/v1/classify", &format!("max-{i}"), json!({"text": BENIGN})).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    // Each time 10 wait, the writer commits them (and the one it holds): at most the last
+    // 10 + 1 still wait for the hour-long interval.
+    let started = Instant::now();
+    while count(&dir.join("audit")) < k - 11 {
+        assert!(started.elapsed() < Duration::from_secs(10), "a full batch was not committed before the interval");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_commits_every_queued_record() {
+    let dir = scratch("sigterm");
+    let mut server = serve_audited(&dir, 100_000);
+    let k = 25;
+    for i in 0..k {
+        let reply = post(server.public, "/v1/classify", &format!("term-{i}"), json!({"text": BENIGN})).await;
         assert_eq!(reply.status, StatusCode::OK);
     }
     assert_eq!(count(&dir.join("audit")), 0, "nothing is committed before the flush interval");

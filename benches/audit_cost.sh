@@ -5,7 +5,7 @@
 # 2. finds today's maximum short-message rate with the audit trail off: an open-loop sweep over
 #    AUDIT_SWEEP (requests/s) on tests/data/ood_short.jsonl; the highest rate that is sustained
 #    (no errors, goodput >= 99 % of offered, p99 < 50 ms) is MAX (or set AUDIT_MAX to skip it);
-# 3. at AUDIT_LOAD (0.8) x MAX, runs the server AUDIT_REPEATS (3) times with the trail off and
+# 3. at AUDIT_LOAD (0.8) x MAX, runs the server AUDIT_REPEATS (7) times with the trail off and
 #    on, alternating (off on off on ...), a fresh server and store each time, AUDIT_DURATION (10)
 #    measured seconds after 2 s of warm-up: goodput, p50/p99 and the server's CPU ms per request;
 # 4. after each run with the trail on: SIGTERM (which flushes the trail), then counts the records
@@ -23,8 +23,8 @@
 # change in the runtime threads' (`tokio-rt-worker`, where the request path builds and queues
 # the record), over the trail-off CPU per request.
 #
-#   benches/audit_cost.sh                       # about 3 minutes after the build
-#   AUDIT_MAX=400 AUDIT_REPEATS=5 benches/audit_cost.sh
+#   benches/audit_cost.sh                       # about 6 minutes after the build
+#   AUDIT_MAX=350 benches/audit_cost.sh         # without the sweep
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -32,7 +32,7 @@ OUT="$ROOT/target/audit_cost/$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT"
 SWEEP="${AUDIT_SWEEP:-200,250,300,350,400,450,500,550,600}"
 LOAD="${AUDIT_LOAD:-0.8}"
-REPEATS="${AUDIT_REPEATS:-3}"
+REPEATS="${AUDIT_REPEATS:-7}"
 DURATION="${AUDIT_DURATION:-10}"
 DATA="$ROOT/tests/data/ood_short.jsonl"
 log() { echo "[audit_cost $(date +%H:%M:%S)] $*" >&2; }

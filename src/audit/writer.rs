@@ -24,10 +24,7 @@ pub(super) enum Control {
     /// Commit everything queued before this message, then answer.
     Flush(mpsc::Sender<()>),
     /// Commit, answer on `paused`, then take nothing until `resume` is answered or dropped.
-    Pause {
-        paused: mpsc::Sender<()>,
-        resume: mpsc::Receiver<()>,
-    },
+    Pause { paused: mpsc::Sender<()>, resume: mpsc::Receiver<()> },
     /// Commit everything queued and end the thread.
     Stop,
     /// `flush_max_records` wait in the queue: commit now rather than at the interval.

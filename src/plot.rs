@@ -4,6 +4,7 @@
 //! diagrams (`tiergate calibrate --plot`).
 
 use crate::calibrate::ReliabilityBin;
+use anyhow::Context as _;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -23,13 +24,17 @@ pub struct EcdfPanel<'a> {
     pub log_x: bool,
 }
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("drawing the plot: {e:?}")
+fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
-/// The ECDF of a sorted sample as a step line, thinned to at most [`MAX_STEPS`] steps.
+/// The ECDF of a sorted sample as a step line, thinned to at most [`MAX_STEPS`] steps; none for
+/// an empty sample.
 fn steps(sorted: &[f64]) -> Vec<(f64, f64)> {
     let n = sorted.len();
+    if n == 0 {
+        return Vec::new();
+    }
     let stride = n.div_ceil(MAX_STEPS).max(1);
     let mut out = Vec::with_capacity(2 * n / stride + 2);
     let mut last_y = 0.0;
@@ -42,10 +47,15 @@ fn steps(sorted: &[f64]) -> Vec<(f64, f64)> {
     out
 }
 
-/// Draws `panels` side by side into an SVG file at `path`. Errors: an empty panel list, or the
-/// file cannot be written.
+/// Draws `panels` side by side into an SVG file at `path` (a panel with an empty sample draws
+/// its axes and legend only). Errors: an empty panel list, or the file cannot be written
+/// (naming it).
 pub fn ecdf_svg(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
     anyhow::ensure!(!panels.is_empty(), "nothing to plot");
+    ecdf(path, panels).with_context(|| format!("drawing the plot {}", path.display()))
+}
+
+fn ecdf(path: &Path, panels: &[EcdfPanel<'_>]) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (420 * panels.len() as u32, 360)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     for (area, panel) in root.split_evenly((1, panels.len())).iter().zip(panels) {
@@ -110,8 +120,13 @@ pub struct ReliabilityCurve<'a> {
 }
 
 /// Draws a reliability diagram (accuracy against mean confidence per non-empty bin, with the
-/// diagonal of perfect calibration) of `curves` into an SVG file at `path`.
+/// diagonal of perfect calibration) of `curves` into an SVG file at `path`. Errors: the file
+/// cannot be written (naming it).
 pub fn reliability_svg(path: &Path, title: &str, curves: &[ReliabilityCurve<'_>]) -> anyhow::Result<()> {
+    reliability(path, title, curves).with_context(|| format!("drawing the plot {}", path.display()))
+}
+
+fn reliability(path: &Path, title: &str, curves: &[ReliabilityCurve<'_>]) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (560, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     // Binary classification: the predicted class's confidence is at least 0.5.
@@ -160,5 +175,25 @@ mod tests {
         assert!(s.len() <= 2 * super::MAX_STEPS + 2, "{}", s.len());
         assert_eq!(s.last(), Some(&(9999.0, 1.0)));
         assert_eq!(super::steps(&[3.0]), vec![(3.0, 0.0), (3.0, 1.0), (3.0, 1.0), (3.0, 1.0)]);
+        assert_eq!(super::steps(&[]), vec![]);
+    }
+
+    #[test]
+    fn a_panel_without_live_samples_is_drawn_and_an_unwritable_path_is_named() {
+        let dir = std::env::temp_dir().join(format!("tiergate-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let panel = |live| super::EcdfPanel {
+            title: "ood_score".into(),
+            x_label: "OOD score",
+            reference: &[0.1, 0.2],
+            live,
+            log_x: false,
+        };
+        super::ecdf_svg(&dir.join("empty.svg"), &[panel(&[])]).unwrap();
+        assert!(std::fs::read_to_string(dir.join("empty.svg")).unwrap().contains("live (n = 0)"));
+        let missing = dir.join("no/such/dir/x.svg");
+        let err = format!("{:#}", super::ecdf_svg(&missing, &[panel(&[0.5])]).unwrap_err());
+        assert!(err.contains(&missing.display().to_string()), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

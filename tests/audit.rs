@@ -206,15 +206,14 @@ fn free_port() -> std::net::SocketAddr {
 }
 
 /// `tiergate serve` with the audit trail in `dir/audit`, an hour between flushes (so that only a
-/// full queue or the shutdown can commit) and `flush_max_records`.
-fn serve_audited(dir: &Path, flush_max_records: usize) -> common::Sidecar {
+/// full queue or the shutdown can commit) and `audit` (more `[audit]` lines).
+fn serve_audited(dir: &Path, audit: &str) -> common::Sidecar {
     std::fs::create_dir_all(dir).unwrap();
     let (public, admin) = (free_port(), free_port());
     let repo = common::repo();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n\
-         flush_max_records = {flush_max_records}\n",
+         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n{audit}\n",
         repo.join("models").display(),
         repo.join("policies").display(),
         dir.join("audit").display()
@@ -226,7 +225,7 @@ fn serve_audited(dir: &Path, flush_max_records: usize) -> common::Sidecar {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_of_flush_max_records_commits_before_the_interval() {
     let dir = scratch("flush-max");
-    let server = serve_audited(&dir, 10);
+    let server = serve_audited(&dir, "flush_max_records = 10");
     let k = 25;
     for i in 0..k {
         let reply = post(server.public, "/v1/classify", &format!("max-{i}"), json!({"text": BENIGN})).await;
@@ -242,9 +241,21 @@ async fn a_queue_of_flush_max_records_commits_before_the_interval() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_smaller_than_flush_max_records_never_fills_at_light_load() {
+    let dir = scratch("small-queue");
+    // Half of 64 wakes the writer, long before 1024 (which a queue of 64 never reaches) would;
+    // the other half is the writer's slack to wake, even on a busy machine.
+    let server = serve_audited(&dir, "queue_capacity = 64\nflush_max_records = 1024");
+    for i in 0..200 {
+        let reply = post(server.public, "/v1/classify", &format!("small-{i}"), json!({"text": BENIGN})).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}: {}", String::from_utf8_lossy(&reply.body));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_commits_every_queued_record() {
     let dir = scratch("sigterm");
-    let mut server = serve_audited(&dir, 100_000);
+    let mut server = serve_audited(&dir, "flush_max_records = 100000");
     let k = 25;
     for i in 0..k {
         let reply = post(server.public, "/v1/classify", &format!("term-{i}"), json!({"text": BENIGN})).await;

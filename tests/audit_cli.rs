@@ -85,9 +85,29 @@ fn errors_say_what_is_wrong() {
     assert!(err(&["--dir", empty.to_str().unwrap()]).contains("has no audit.db"));
     let dir = store("errors");
     let e = err(&["--dir", dir.to_str().unwrap(), "--since", "last tuesday"]);
-    assert!(e.contains("--since: `last tuesday` is neither an RFC 3339 time"), "{e}");
-    let out = audit(&["--dir", dir.to_str().unwrap(), "--kind", "bogus"]);
-    assert_eq!(out.status.code(), Some(2), "clap refuses an unknown kind");
+    assert!(e.contains("--since: `last tuesday` is not an RFC 3339 time"), "{e}");
+    let e = err(&["--dir", dir.to_str().unwrap(), "--since", "1h", "--until", "2h"]);
+    assert!(e.contains("--since") && e.contains("must be before --until"), "{e}");
+    for (flag, bad) in [("--kind", "bogus"), ("--action", "blocked"), ("--tier", "CPU")] {
+        let out = audit(&["--dir", dir.to_str().unwrap(), flag, bad]);
+        assert_eq!(out.status.code(), Some(2), "clap refuses {flag} {bad}");
+    }
+    let garbage = std::env::temp_dir().join(format!("tiergate-audit-cli-garbage-{}", std::process::id()));
+    std::fs::create_dir_all(&garbage).unwrap();
+    std::fs::write(garbage.join("audit.db"), b"not a database, not even close; ".repeat(200)).unwrap();
+    let e = err(&["--dir", garbage.to_str().unwrap()]);
+    assert!(e.contains("reading the audit store") && e.contains(&garbage.display().to_string()), "{e}");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["audit", "--dir", dir.to_str().unwrap(), "--count"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && e.contains("writing to stdout"),
+        "a full disk is an error, not a panic: {e}"
+    );
     let help = Command::new(env!("CARGO_BIN_EXE_tiergate")).args(["audit", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("--request-id") && help.contains("RFC 3339") && help.contains("--count"), "{help}");

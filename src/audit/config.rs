@@ -53,7 +53,8 @@ pub struct AuditConfig {
     /// cut before the OS wrote the WAL) the records of at most this interval, plus those still
     /// in the queue, are lost; SIGTERM flushes everything.
     pub flush_interval_ms: u64,
-    /// ... and as soon as this many records wait (one transaction each time).
+    /// ... and as soon as this many records wait, or half of `queue_capacity` when that is less
+    /// (one transaction each time).
     pub flush_max_records: usize,
     /// The database's size in use is kept under this many bytes by deleting the oldest records
     /// (shipped ones first when a Kafka sink ships the trail).
@@ -101,6 +102,13 @@ impl AuditConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be at least 1"));
         }
+        for (name, value) in
+            [("audit.queue_capacity", self.queue_capacity), ("audit.flush_max_records", self.flush_max_records)]
+        {
+            if value > MAX_QUEUE {
+                return Err(format!("`{name}` must be at most {MAX_QUEUE}, got {value}"));
+            }
+        }
         if self.max_bytes < MIN_MAX_BYTES {
             return Err(format!("`audit.max_bytes` must be at least {MIN_MAX_BYTES} (1 MiB), got {}", self.max_bytes));
         }
@@ -114,5 +122,25 @@ impl AuditConfig {
     }
 }
 
+/// The largest `queue_capacity` and `flush_max_records`: the queue's slots are allocated when
+/// it opens (16 bytes each, 16 MiB at this bound), and a minute of decisions at any rate this
+/// server reaches fits well inside it.
+pub const MAX_QUEUE: usize = 1 << 20;
+
 /// The smallest `max_bytes`: below it the schema and one flush would not fit.
 pub const MIN_MAX_BYTES: u64 = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_sizes_are_bounded_and_the_error_names_the_field_and_the_limit() {
+        let base = || AuditConfig { dir: "data/audit".into(), ..AuditConfig::default() };
+        let huge = AuditConfig { queue_capacity: 100_000_000_000, ..base() };
+        assert_eq!(huge.validate().unwrap_err(), "`audit.queue_capacity` must be at most 1048576, got 100000000000");
+        let huge = AuditConfig { flush_max_records: MAX_QUEUE + 1, ..base() };
+        assert!(huge.validate().unwrap_err().starts_with("`audit.flush_max_records` must be at most 1048576"));
+        assert_eq!(AuditConfig { queue_capacity: MAX_QUEUE, ..base() }.validate(), Ok(()));
+    }
+}

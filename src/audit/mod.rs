@@ -68,8 +68,9 @@ impl AuditMetrics {
 pub struct Audit {
     tx: Sender<Box<Draft>>,
     control: Sender<Control>,
-    /// `flush_max_records`: a queue this long wakes the writer before its interval.
-    flush_max: usize,
+    /// A queue this long wakes the writer before its interval: `flush_max_records`, or half the
+    /// queue when that is less, so that a small queue does not fill while the writer sleeps.
+    wake_at: usize,
     on_full: OnFull,
     metrics: AuditMetrics,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -129,7 +130,7 @@ impl Audit {
         Ok(Audit {
             tx,
             control,
-            flush_max: config.flush_max_records,
+            wake_at: config.flush_max_records.min(config.queue_capacity / 2).max(1),
             on_full: config.on_full,
             metrics,
             writer: Mutex::new(Some(handle)),
@@ -158,7 +159,7 @@ impl Audit {
     pub fn submit(&self, draft: Draft) -> Result<(), ApiError> {
         match self.tx.try_send(Box::new(draft)) {
             Ok(()) => {
-                if self.tx.len() >= self.flush_max {
+                if self.tx.len() >= self.wake_at {
                     let _ = self.control.try_send(Control::Full);
                 }
                 Ok(())

@@ -41,6 +41,13 @@ CREATE INDEX IF NOT EXISTS records_kind ON records (kind, unix_ms);
 CREATE INDEX IF NOT EXISTS records_unshipped ON records (id) WHERE shipped = 0;
 ";
 
+/// SQLite's answer when it must create the WAL's `-shm` file in a directory it cannot write.
+fn is_read_only_directory(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<rusqlite::Error>().and_then(|e| e.sqlite_error()).is_some_and(|e| {
+        e.extended_code == rusqlite::ffi::SQLITE_READONLY_DIRECTORY || e.extended_code == rusqlite::ffi::SQLITE_CANTOPEN
+    })
+}
+
 /// How long a connection waits for another's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -74,29 +81,67 @@ impl Store {
     pub fn open(dir: &Path) -> anyhow::Result<Store> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating the audit directory {}", dir.display()))?;
         let path = dir.join(DB_FILE);
-        let conn = Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let conn = Self::set_up(&path).with_context(|| format!("opening the audit store {}", path.display()))?;
+        Ok(Store { conn, path })
+    }
+
+    fn set_up(path: &Path) -> anyhow::Result<Connection> {
+        let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         // Before any table exists: lets retention hand freed pages back to the file system.
         conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "{}: SQLite refused WAL mode ({mode})", path.display());
+        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "SQLite refused WAL mode ({mode})");
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA).with_context(|| format!("creating the audit schema in {}", path.display()))?;
-        Ok(Store { conn, path })
+        conn.execute_batch(SCHEMA).context("creating the audit schema")?;
+        Ok(conn)
     }
 
-    /// Opens an existing store read-only (for queries). Errors say what is missing.
+    /// Opens an existing store read-only (for queries). Where the directory is read-only to this
+    /// user (a copy kept for an investigation), SQLite cannot make the WAL's shared-memory file
+    /// and the store is opened as immutable instead: it must then have no writer. Errors say what
+    /// is missing, unreadable or not an audit store, naming the file.
     pub fn open_read_only(dir: &Path) -> anyhow::Result<Connection> {
-        anyhow::ensure!(dir.is_dir(), "no audit directory {}: it does not exist or is not a directory", dir.display());
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => anyhow::bail!("{} is not a directory: give the `[audit] dir`", dir.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                anyhow::bail!("no audit directory {}: it does not exist", dir.display())
+            }
+            Err(e) => anyhow::bail!("cannot read the audit directory {}: {e}", dir.display()),
+        }
         let path = dir.join(DB_FILE);
-        anyhow::ensure!(
-            path.is_file(),
-            "{} has no {DB_FILE}: is it the `[audit] dir` of a tiergate that ran?",
-            dir.display()
-        );
-        let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .with_context(|| format!("opening {}", path.display()))?;
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => anyhow::bail!("{} is not a file", path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                anyhow::bail!("{} has no {DB_FILE}: is it the `[audit] dir` of a tiergate that ran?", dir.display())
+            }
+            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        }
+        let opened = Self::probe(Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY));
+        let conn = match opened {
+            Err(e) if is_read_only_directory(&e) => {
+                let uri = format!("file:{}?immutable=1", path.display());
+                Self::probe(Connection::open_with_flags(
+                    &uri,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+                ))
+            }
+            other => other,
+        };
+        conn.with_context(|| format!("reading the audit store {}", path.display()))
+    }
+
+    /// The connection if it reads an audit store: the `records` table is there.
+    fn probe(conn: rusqlite::Result<Connection>) -> anyhow::Result<Connection> {
+        let conn = conn?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        let tables: i64 =
+            conn.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'records'", [], |r| {
+                r.get(0)
+            })?;
+        anyhow::ensure!(tables == 1, "no `records` table: not an audit store");
         Ok(conn)
     }
 

@@ -2,11 +2,17 @@
 //! the text with personal data masked, or the text as sent.
 //!
 //! Redaction masks, in this order (each mask has no digits, so a later pass cannot re-match it):
-//! e-mail addresses (`[email]`), IBANs whose ISO 13616 mod-97 check holds (`[iban]`), card
-//! numbers of 13-19 digits whose Luhn check holds (`[card]`), and phone numbers (`[phone]`:
-//! runs of 9-15 digits with spaces, dots, dashes or brackets between them, or 7-15 after a `+`
-//! or an opening bracket; a date such as 2026-12-01 has 8 digits and stays). A digit run that
-//! fails its check is left alone unless a later pattern matches it.
+//! e-mail addresses (`[email]`: any script's letters, an IP literal `user@[192.0.2.1]` as the
+//! domain, and the defanged forms `[@]` `(at)` `[.]` `(dot)` that the model reads through),
+//! IBANs whose ISO 13616 mod-97 check holds (`[iban]`, any case), card numbers of 13-19 digits
+//! whose Luhn check holds (`[card]`), and phone numbers (`[phone]`: runs of 9-15 digits with
+//! separators between them, or 7-15 after a `+` or an opening bracket; a date such as
+//! 2026-12-01 has 8 digits and stays). Digits are those of any script (fullwidth `４`,
+//! Arabic-Indic `٤`: General Category Nd), and between two digits may stand spaces of any kind
+//! (no-break and thin spaces), invisible format characters (zero-width space, joiners), dots and
+//! dashes, in card numbers slashes, and in phone numbers brackets — what a fraudster uses to slip
+//! a number past a pattern while the model still reads it as one. A digit run that fails its
+//! check is left alone unless a later pattern matches it.
 
 use super::config::TextMode;
 use hmac::{Hmac, Mac};
@@ -14,6 +20,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::sync::LazyLock;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
 /// `text` in a record: how it was kept and the value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,13 +69,24 @@ pub fn keyed_hash(key: &[u8], text: &str) -> String {
     format!("{:x}", mac.finalize().into_bytes())
 }
 
+/// An address's local part, `@` (or a defanged `[@]`, `(at)`), then a domain name whose dots
+/// may be defanged (`[.]`, `(dot)`) or an IP literal in brackets.
 static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b[a-z0-9._%+-]+@[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9-]+)*\.[a-z]{2,}\b").unwrap()
+    let dot = r"(?:\.|\[\.\]|\(\.\)|\[dot\]|\(dot\))";
+    let label = r"[\p{L}\p{N}](?:[\p{L}\p{N}-]*[\p{L}\p{N}])?";
+    Regex::new(&format!(
+        r"(?i)[\p{{L}}\p{{N}}._%+-]+(?:@|\[@\]|\(@\)|\[at\]|\(at\))(?:{label}(?:{dot}{label})*{dot}\p{{L}}{{2,}}\b|\[[0-9a-f.:]+\])"
+    ))
+    .unwrap()
 });
+/// What may stand between two digits of one number (besides nothing): a space of any kind or an
+/// invisible format character, one or two of them, or one `.`, `/` or `-` with them around it.
+const GAP: &str = r"[\p{Zs}\p{Cf}]{0,2}[./-]?[\p{Zs}\p{Cf}]{0,2}";
 /// Country code, check digits, then 11-30 letters or digits, in groups of four in print form.
-static IBAN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b").unwrap());
-static CARD: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b\d(?:[ -]?\d){12,18}\b").unwrap());
-static PHONE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:\+|\(|\b)\d[\d ().-]{5,}\d\b").unwrap());
+static IBAN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\b[A-Z]{2}\d{2}(?:[\p{Zs}\p{Cf}]{0,2}[A-Z0-9]){11,30}\b").unwrap());
+static CARD: LazyLock<Regex> = LazyLock::new(|| Regex::new(&format!(r"\b\d(?:{GAP}\d){{12,18}}\b")).unwrap());
+static PHONE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:\+|\(|\b)\d[\d\p{Zs}\p{Cf}().-]{5,}\d\b").unwrap());
 
 /// The text with e-mail addresses, IBANs, card numbers and phone numbers masked (see the module
 /// documentation for what counts as each).
@@ -95,7 +113,31 @@ fn replace_checked(text: &str, re: &Regex, mask: &str, check: impl Fn(&str) -> O
 }
 
 fn digits(s: &str) -> Vec<u32> {
-    s.chars().filter_map(|c| c.to_digit(10)).collect()
+    s.chars().filter_map(digit_value).collect()
+}
+
+/// The value of a decimal digit of any script (General Category Nd). Unicode lays out each set
+/// of decimal digits as ten consecutive code points from 0 to 9 (sets may follow each other
+/// directly, as the mathematical digits do), so the value is the distance from the first digit
+/// of the consecutive run, modulo 10.
+fn digit_value(c: char) -> Option<u32> {
+    if let Some(d) = c.to_digit(10) {
+        return Some(d);
+    }
+    let is_digit = |c: char| c.general_category() == GeneralCategory::DecimalNumber;
+    if !is_digit(c) {
+        return None;
+    }
+    let mut first = c as u32;
+    while let Some(prev) = first.checked_sub(1).and_then(char::from_u32).filter(|p| is_digit(*p)) {
+        first = prev as u32;
+    }
+    Some((c as u32 - first) % 10)
+}
+
+/// A space of any kind or an invisible format character: the gaps [`IBAN`] allows.
+fn is_gap(c: char) -> bool {
+    c.general_category() == GeneralCategory::SpaceSeparator || c.general_category() == GeneralCategory::Format
 }
 
 /// The Luhn check (ISO/IEC 7812) over the digits of `s`.
@@ -132,17 +174,21 @@ fn phone(s: &str) -> bool {
 fn iban_prefix(m: &str) -> Option<usize> {
     let ends = m.char_indices().map(|(i, c)| i + c.len_utf8()).collect::<Vec<_>>();
     ends.into_iter().rev().find(|&end| {
-        let compact: String = m[..end].chars().filter(|c| *c != ' ').collect();
-        !m[..end].ends_with(' ') && (15..=34).contains(&compact.len()) && iban_valid(&compact)
+        let compact: Vec<char> = m[..end].chars().filter(|c| !is_gap(*c)).collect();
+        !m[..end].ends_with(is_gap) && (15..=34).contains(&compact.len()) && iban_valid(&compact)
     })
 }
 
-/// ISO 13616: the first four characters moved to the end, letters as 10..35, mod 97 is 1.
-fn iban_valid(compact: &str) -> bool {
-    let rearranged = compact[4..].chars().chain(compact[..4].chars());
+/// ISO 13616: the first four characters moved to the end, letters (either case) as 10..35,
+/// digits of any script as their value, mod 97 is 1.
+fn iban_valid(compact: &[char]) -> bool {
+    if compact.len() < 5 {
+        return false;
+    }
+    let rearranged = compact[4..].iter().chain(&compact[..4]);
     let mut rest = 0u32;
-    for c in rearranged {
-        let Some(v) = c.to_digit(36) else { return false };
+    for &c in rearranged {
+        let Some(v) = digit_value(c).or_else(|| c.to_digit(36)) else { return false };
         rest = if v >= 10 { (rest * 100 + v) % 97 } else { (rest * 10 + v) % 97 };
     }
     rest == 1
@@ -162,6 +208,25 @@ mod tests {
     }
 
     #[test]
+    fn disguised_numbers_and_addresses_are_masked_too() {
+        let cases = [
+            ("iban de89370400440532013000 ok", "iban [iban] ok"),
+            ("card 4111\u{a0}1111\u{a0}1111\u{a0}1111 ok", "card [card] ok"),
+            ("card 4111\u{200b}1111\u{200b}1111\u{200b}1111 ok", "card [card] ok"),
+            ("card 4111.1111.1111.1111 or 4111/1111/1111/1111", "card [card] or [card]"),
+            ("card ４１１１ １１１１ １１１１ １１１１ ok", "card [card] ok"),
+            ("card ٤١١١ ١١١١ ١١١١ ١١١١ ok", "card [card] ok"),
+            ("call +٤٤ ٢٠ ٧٩٤٦ ٠٩٥٨ now", "call [phone] now"),
+            ("mail ünïcödé@exämple.de now", "mail [email] now"),
+            ("mail user@[192.168.0.1] now", "mail [email] now"),
+            ("mail john@gmail[.]com or john[at]gmail(dot)com now", "mail [email] or [email] now"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(redact(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
     fn numbers_that_fail_their_checks_are_left_alone() {
         // 16 digits failing Luhn: not a card, and too long for a phone number.
         let not_card = "order 4111 1111 1111 1112 shipped";
@@ -169,7 +234,15 @@ mod tests {
         // A wrong IBAN check digit.
         let not_iban = "ref NL92ABNA0417164300 ok";
         assert_eq!(redact(not_iban), not_iban);
-        for kept in ["on 2026-12-01 at 10:30", "amount 12000 EUR", "code 123456", "no digits at all"] {
+        for kept in [
+            "on 2026-12-01 at 10:30",
+            "on 01.12.2026 and 2026/12/01",
+            "amount 12000 EUR",
+            "code 123456",
+            "version 1.2.3",
+            "no digits at all",
+            "a@b without a domain",
+        ] {
             assert_eq!(redact(kept), kept);
         }
     }
@@ -178,8 +251,14 @@ mod tests {
     fn the_luhn_and_iban_checks() {
         assert!(luhn("4111111111111111") && luhn("378282246310005") && !luhn("4111111111111112"));
         assert!(!luhn("0"), "too short to be a card");
-        assert!(iban_valid("NL91ABNA0417164300") && iban_valid("DE89370400440532013000"));
-        assert!(!iban_valid("DE89370400440532013001"));
+        let iban = |s: &str| iban_valid(&s.chars().collect::<Vec<_>>());
+        assert!(iban("NL91ABNA0417164300") && iban("DE89370400440532013000") && iban("de89370400440532013000"));
+        assert!(!iban("DE89370400440532013001") && !iban("DE8"));
+        assert_eq!(
+            ["٤", "４", "𝟗", "𝟎", "7"].map(|d| digit_value(d.chars().next().unwrap())),
+            [4, 4, 9, 0, 7].map(Some)
+        );
+        assert_eq!(digit_value('x'), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Records and control messages travel apart: the writer wakes for the first record of a batch,
 //! then sleeps until the batch is due and takes everything queued at once, so a busy server
 //! pays one wake-up per flush rather than a futex wake and a context switch per decision. Control
-//! messages (flush, pause, stop, and the queue reaching `flush_max_records`) wake it at once.
+//! messages (flush, pause, stop, and the queue reaching its wake-up length) wake it at once.
 
 use super::outbox::Backlog;
 use super::record::{now_ms, AuditRecord, Draft};
@@ -27,7 +27,8 @@ pub(super) enum Control {
     Pause { paused: mpsc::Sender<()>, resume: mpsc::Receiver<()> },
     /// Commit everything queued and end the thread.
     Stop,
-    /// `flush_max_records` wait in the queue: commit now rather than at the interval.
+    /// The queue reached its wake-up length (`flush_max_records`, or half the queue when that is
+    /// less): commit now rather than at the interval.
     Full,
 }
 
@@ -169,15 +170,19 @@ impl Writer {
             Ok(d) if d.by_age + d.by_size > 0 => {
                 self.metrics.retention_deleted.inc_by(d.by_age + d.by_size);
                 self.backlog.sub(d.unshipped);
+                // Without a sink nothing is ever shipped, and "unshipped" means nothing.
+                let unshipped = self.retention.shipped_first.then_some(d.unshipped);
                 tracing::info!(
                     by_age = d.by_age,
                     by_size = d.by_size,
-                    unshipped = d.unshipped,
+                    unshipped,
                     ms = started.elapsed().as_millis() as u64,
                     "audit retention deleted the oldest records"
                 );
-                if d.unshipped > 0 && self.retention.shipped_first {
-                    tracing::warn!(unshipped = d.unshipped, "audit retention deleted records the sink had not shipped");
+                if let Some(lost @ 1..) = unshipped {
+                    // Lost to the sink as surely as a dropped record: TiergateAuditRecordsDropped.
+                    self.metrics.dropped.inc_by(lost);
+                    tracing::warn!(unshipped = lost, "audit retention deleted records the sink had not shipped");
                 }
             }
             Ok(_) => {}

@@ -1,6 +1,7 @@
 //! `tiergate audit`: reads the audit store (`[audit] dir`) with filters and prints the records as
 //! JSON lines, oldest first, or their count. Needs no running tiergate.
 
+use super::time;
 use anyhow::Context as _;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -9,8 +10,8 @@ use tiergate::audit::store::Store;
 
 /// Query the audit trail: one record per line (JSON), oldest first, or `--count`.
 ///
-/// Times are RFC 3339 (`2026-12-01T10:00:00Z`, `2026-12-01T11:00:00+01:00`) or a duration back
-/// from now (`90s`, `15m`, `1h`, `2d`, `1h 30m`).
+/// Times are RFC 3339 (`2026-12-01T10:00:00Z`, `2026-12-01T11:00:00+01:00`), unix ms, or a
+/// duration back from now (`90s`, `15m`, `1.5h`, `2d`, `1h 30m`).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The audit data directory (`[audit] dir`), holding audit.db.
@@ -19,10 +20,10 @@ pub struct Args {
     /// Only the records of this request id.
     #[arg(long)]
     pub request_id: Option<String>,
-    /// Only records at or after this time (RFC 3339, or a duration ago such as 1h).
+    /// Only records at or after this time (RFC 3339, unix ms, or a duration ago such as 1h).
     #[arg(long)]
     pub since: Option<String>,
-    /// Only records before this time (RFC 3339, or a duration ago).
+    /// Only records before this time (RFC 3339, unix ms, or a duration ago).
     #[arg(long)]
     pub until: Option<String>,
     #[arg(long)]
@@ -30,11 +31,10 @@ pub struct Args {
     /// Proxy route (or layer) name.
     #[arg(long)]
     pub route: Option<String>,
-    /// allow, review, block or unscreened.
-    #[arg(long)]
+    #[arg(long, value_parser = ["allow", "review", "block", "unscreened"])]
     pub action: Option<String>,
-    /// The deciding tier: cpu, gpu, rules, guard or unscreened.
-    #[arg(long)]
+    /// The deciding tier.
+    #[arg(long, value_parser = ["cpu", "gpu", "rules", "guard", "unscreened"])]
     pub tier: Option<String>,
     /// Only records in which this rule (or guard) matched.
     #[arg(long)]
@@ -52,10 +52,15 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let now = std::time::SystemTime::now();
+    let since_ms = args.since.as_deref().map(|t| time::parse("--since", t, now)).transpose()?;
+    let until_ms = args.until.as_deref().map(|t| time::parse("--until", t, now)).transpose()?;
+    if let (Some(since), Some(until)) = (since_ms, until_ms) {
+        anyhow::ensure!(since < until, "--since ({since} unix ms) must be before --until ({until} unix ms)");
+    }
     let filter = Filter {
         request_id: args.request_id,
-        since_ms: args.since.as_deref().map(|t| parse_time("--since", t, now)).transpose()?,
-        until_ms: args.until.as_deref().map(|t| parse_time("--until", t, now)).transpose()?,
+        since_ms,
+        until_ms,
         tenant: args.tenant,
         route: args.route,
         action: args.action,
@@ -65,28 +70,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         limit: args.limit,
     };
     let conn = Store::open_read_only(&args.dir)?;
-    if args.count {
-        println!("{}", query::count(&conn, &filter)?);
-        return Ok(());
-    }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    query::for_each(&conn, &filter, |json| Ok(writeln!(out, "{json}")?))?;
-    out.flush().context("writing to stdout")?;
-    Ok(())
-}
-
-/// An RFC 3339 time, or a duration back from `now`, as ms since the Unix epoch.
-fn parse_time(flag: &str, value: &str, now: std::time::SystemTime) -> anyhow::Result<u64> {
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(value.trim()) {
-        return u64::try_from(t.timestamp_millis()).map_err(|_| anyhow::anyhow!("{flag}: `{value}` is before 1970"));
-    }
-    match humantime::parse_duration(value.trim()) {
-        Ok(ago) => {
-            let at = now.checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH);
-            Ok(at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+    let printed = if args.count {
+        let n = query::count(&conn, &filter)?;
+        writeln!(out, "{n}").context("writing to stdout")
+    } else {
+        query::for_each(&conn, &filter, |json| writeln!(out, "{json}").context("writing to stdout")).map(drop)
+    };
+    match printed.and_then(|()| out.flush().context("writing to stdout")) {
+        // A reader that has seen enough (`| head`) is not an error.
+        Err(e)
+            if e.root_cause()
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
         }
-        Err(_) => anyhow::bail!(
-            "{flag}: `{value}` is neither an RFC 3339 time (2026-12-01T10:00:00Z) nor a duration ago (90s, 15m, 1h, 2d)"
-        ),
+        other => other,
     }
 }

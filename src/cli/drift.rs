@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tiergate::drift::{compare, reference, Measure, Observation, Reference};
 use tiergate::gateway::Sources;
 use tiergate::plot::{ecdf_svg, EcdfPanel};
@@ -32,7 +32,8 @@ pub struct DriftArgs {
     /// The audit trail's directory (`[audit] dir`): its records are read from the store.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Only records at or after this time: an age (`90s`, `15m`, `2h`, `7d`) or unix ms.
+    /// Only records at or after this time: RFC 3339, unix ms, or a duration ago (`90s`, `15m`,
+    /// `1.5h`, `7d`), as `tiergate audit --since` reads it.
     #[arg(long)]
     pub since: Option<String>,
     /// The reference file. Default: `reference.json` in the config's model directory.
@@ -65,7 +66,7 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
     if let Some(DriftCommand::Reference { data, out, config }) = args.command {
         return make_reference(&data, &out, config);
     }
-    let since = args.since.as_deref().map(parse_since).transpose()?;
+    let since = args.since.as_deref().map(|t| super::time::parse("--since", t, SystemTime::now())).transpose()?;
     let (live, source) = match (&args.input, &args.dir) {
         (Some(input), _) => (read_records(input, since)?, input.display().to_string()),
         (None, Some(dir)) => (read_store(dir, since)?, format!("the audit store in {}", dir.display())),
@@ -95,32 +96,14 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
             Some(p) if p >= KS_SIGNIFICANCE => format!("  > 0.1 but too few to tell (p >= {KS_SIGNIFICANCE})"),
             _ => "  > 0.1: drift".into(),
         };
-        println!("{:<11} {what:>4} {:>7} {:>7} {d:>9.4} {p:>10}{flag}", s.signal, s.live, s.reference);
+        let distance = s.distance.map_or_else(|| "-".to_string(), |d| format!("{d:.4}"));
+        println!("{:<11} {what:>4} {:>7} {:>7} {distance:>9} {p:>10}{flag}", s.signal, s.live, s.reference);
     }
     if let Some(svg) = args.plot {
         plot(&svg, &reference, &live)?;
         println!("plot: {}", svg.display());
     }
     Ok(())
-}
-
-/// `--since`: an age before now (`90s`, `15m`, `2h`, `7d`) or a unix time in ms.
-fn parse_since(s: &str) -> anyhow::Result<u64> {
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(ms);
-    }
-    let bad = || anyhow::anyhow!("--since {s:?}: expected an age such as 90s, 15m, 2h, 7d, or unix ms");
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => return Err(bad()),
-    };
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    Ok(now.saturating_sub(Duration::from_secs(secs)).as_millis() as u64)
 }
 
 #[derive(serde::Deserialize)]

@@ -3,3 +3,4 @@
 pub mod audit;
 pub mod calibrate;
 pub mod drift;
+pub mod time;

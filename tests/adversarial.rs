@@ -1,7 +1,6 @@
-//! The evasion check sets (`tests/data/adversarial.jsonl`, 222, and `adversarial_b.jsonl`, 147
-//! team-written messages by kind; the model never trained or calibrated on them, the bundled
-//! rules were tuned on them, see [`CHECK_SETS`]) through the whole cascade with the bundled policy and
-//! model. Prints the table per kind and set. The target (issue 11) is no risk message allowed, no
+//! The evasion check sets (`tests/data/adversarial*.jsonl`: 222, 147, 134 and 85 messages
+//! written by kind; the model never trained or calibrated on them, the bundled rules were tuned
+//! on them, see [`CHECK_SETS`]) through the whole cascade with the bundled policy and model. Prints the table per kind and set. The target (issue 11) is no risk message allowed, no
 //! ordinary message blocked and label accuracy >= 0.95; the bounds asserted here are a ratchet at
 //! what the shipped model and policy reach today, so nothing gets worse unnoticed: lower them as
 //! the model improves, never raise them.
@@ -16,8 +15,18 @@ use std::collections::BTreeMap;
 /// business e-mail compromise, stranger openers, hard negatives) was written later by a helper
 /// that never saw the rules or the data, measured once as written (accuracy 0.769, 6 risk allowed,
 /// 4 ordinary blocked), and the bundled rules were tuned on both since: see the model card.
-const CHECK_SETS: [(&str, usize, usize, f64); 2] =
-    [("tests/data/adversarial.jsonl", 0, 0, 0.98), ("tests/data/adversarial_b.jsonl", 3, 3, 0.90)];
+/// `adversarial_c.jsonl` (134: obfuscation, other languages, a confident model that a rule must
+/// overrule, benign text that looks risky) and `adversarial_d.jsonl` (85: requests to pass on a
+/// one-time code and genuine code notices, wallet addresses, defanged links in ordinary mail and
+/// in security reports) came from two more such helpers and were measured as written (c: 4 risk
+/// allowed, 1 ordinary blocked; d: 3 and 2 after the guards that c prompted) before the rules
+/// were tuned on them.
+const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
+    ("tests/data/adversarial.jsonl", 0, 0, 0.98),
+    ("tests/data/adversarial_b.jsonl", 3, 3, 0.90),
+    ("tests/data/adversarial_c.jsonl", 0, 1, 0.93),
+    ("tests/data/adversarial_d.jsonl", 2, 1, 0.91),
+];
 
 #[tokio::test]
 async fn the_evasion_check_sets_never_get_worse() {
@@ -28,7 +37,7 @@ async fn the_evasion_check_sets_never_get_worse() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert!(rows.len() >= 120, "{file}: {} messages", rows.len());
+        assert!(rows.len() >= 80, "{file}: {} messages", rows.len());
         let [n, correct, risk_allowed, ok_blocked] = run(addr, file, &rows).await;
         let accuracy = correct as f64 / n as f64;
         assert!(

@@ -28,7 +28,8 @@ fi
 # 3. Data: parse (Subject + decoded body, HTML stripped, no headers), dedup, seeded stratified split, passages, seed set,
 #    modern set (85/15 by kind+label); rows overlapping the held-out check sets are dropped; token windows for long texts
 "$PY" "$RECIPE/prepare_data.py" "$S/npm/package" "$S/data" "$RECIPE/seed_short.jsonl" "$RECIPE/data" \
-  "$TESTDATA/ood_short.jsonl" "$TESTDATA/adversarial.jsonl" "$TESTDATA/adversarial_b.jsonl"
+  "$TESTDATA/ood_short.jsonl" "$TESTDATA/adversarial.jsonl" "$TESTDATA/adversarial_b.jsonl" \
+  "$TESTDATA/adversarial_c.jsonl" "$TESTDATA/adversarial_d.jsonl"
 
 # 4. Fine-tune all layers (128-token windows, 2 epochs)
 "$PY" "$RECIPE/train.py" "$S/data" "$S/ckpt"

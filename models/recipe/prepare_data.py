@@ -4,7 +4,7 @@ Text = Subject + decoded body (HTML stripped). Mail headers are never used.
 Exact dedup on normalised text BEFORE the seeded, stratified 70/15/15 split.
 Modern set (recipe/data/modern_{a,b}.jsonl): seeded split 85/15 stratified by kind+label.
 Every training/validation row (SA train/val, passages, seed, modern) that duplicates or near-duplicates a row of the
-held-out check sets (tests/data/ood_short.jsonl, tests/data/adversarial.jsonl, tests/data/adversarial_b.jsonl) is dropped (only counts are reported).
+held-out check sets (tests/data/ood_short.jsonl, tests/data/adversarial*.jsonl) is dropped (only counts are reported).
 Long texts (> 128 tokens) contribute token windows (see window_plan): label 0 -> first + last window,
 label 1 -> the window where the risk is (last for kinds containing "long"/"buried", else first).
 Outputs (in DATA dir): sa_{train,val,test}.jsonl, seed_{train,val}.jsonl, modern_{train,val}.jsonl,

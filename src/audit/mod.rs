@@ -3,10 +3,11 @@
 //! an embedded SQLite store that also serves as the outbox of a sink such as Kafka.
 //!
 //! The request path builds a [`Draft`] (clones, no formatting) and `try_send`s it to a bounded
-//! queue (control messages — flush, stop — go on a channel of their own); one writer thread renders the text as `[audit] text` says, writes JSON and commits in
-//! batches. A full queue is `[audit] on_full`: the request gets 503 (`block`, the default: no
-//! record is lost silently) or the record is dropped and counted (`drop`). SIGTERM drains the
-//! server, then [`Audit::close`] commits everything queued.
+//! queue (control messages — flush, stop — go on a channel of their own); one writer thread
+//! renders the text as `[audit] text` says, writes JSON and commits in batches. A full queue is
+//! `[audit] on_full`: the request gets 503 (`block`, the default: no record is lost silently) or
+//! the record is dropped and counted (`drop`). SIGTERM drains the server, then [`Audit::close`]
+//! commits everything queued.
 //!
 //! Files by concern: [`config`] (`[audit]`), [`record`] (the record), [`text`] (hash and
 //! redaction), `key` (the HMAC key), [`store`] (SQLite, retention), `writer` (the thread),

@@ -118,6 +118,10 @@ impl Writer {
                 }
                 Control::Full => {}
                 Control::Stop => {
+                    // Whatever raced in behind the stop is written too.
+                    while !self.records.is_empty() {
+                        self.flush(&mut batch);
+                    }
                     tracing::info!("audit writer stopped: every queued record is committed");
                     return;
                 }

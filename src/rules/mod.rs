@@ -535,7 +535,14 @@ mod tests {
         let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
         let mut texts = 0;
         let mut nonzero = 0;
-        for file in ["test_sample.jsonl", "adversarial.jsonl", "adversarial_b.jsonl", "ood_short.jsonl"] {
+        for file in [
+            "test_sample.jsonl",
+            "adversarial.jsonl",
+            "adversarial_b.jsonl",
+            "adversarial_c.jsonl",
+            "adversarial_d.jsonl",
+            "ood_short.jsonl",
+        ] {
             for line in std::fs::read_to_string(data.join(file)).unwrap().lines() {
                 let row: serde_json::Value = serde_json::from_str(line).unwrap();
                 let text = row["text"].as_str().unwrap();

@@ -20,7 +20,7 @@ pub fn parse(flag: &str, value: &str, now: SystemTime) -> anyhow::Result<u64> {
     }
     let ago = match humantime::parse_duration(value) {
         Ok(ago) => ago,
-        Err(_) => match fractional_hours_or_days(value) {
+        Err(_) => match decimal_duration(value) {
             Some(ago) => ago,
             None => anyhow::bail!("{flag}: `{value}` is not {FORMS}"),
         },
@@ -30,7 +30,7 @@ pub fn parse(flag: &str, value: &str, now: SystemTime) -> anyhow::Result<u64> {
 }
 
 /// `1.5h`, `0.5d`, `2.5m`: a decimal number of one unit, which humantime does not take.
-fn fractional_hours_or_days(value: &str) -> Option<std::time::Duration> {
+fn decimal_duration(value: &str) -> Option<std::time::Duration> {
     let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
     let (n, unit) = value.split_at(split);
     let n: f64 = n.parse().ok().filter(|n: &f64| n.is_finite() && *n >= 0.0)?;

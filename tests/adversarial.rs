@@ -23,7 +23,11 @@ use std::collections::BTreeMap;
 /// were tuned on them.
 const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     ("tests/data/adversarial.jsonl", 0, 0, 0.98),
-    ("tests/data/adversarial_b.jsonl", 3, 3, 0.90),
+    // 0.90 until the language gate read past the first window (issue 25, item 3): a Japanese
+    // parcel scam whose URL outnumbers each Japanese script's letters was read by the English
+    // model (risk 0.97, right by luck); it now goes to the rules as a Japanese text (review, the
+    // default's label ok), as every text in a language the model was not trained on does.
+    ("tests/data/adversarial_b.jsonl", 3, 3, 0.89),
     ("tests/data/adversarial_c.jsonl", 0, 1, 0.93),
     ("tests/data/adversarial_d.jsonl", 2, 1, 0.91),
 ];

@@ -15,29 +15,37 @@ use crate::rules::{ClassVerdict, RulesInput};
 pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, metrics: Option<&Metrics>) {
     let guard = policy.rules.guard(input);
     count_errors(&guard, metrics);
-    // A floor the rules stage set for a rule that failed counts as raised too: failing closed.
-    let mut raised = d.path.iter().any(|s| s.tier == TierName::Guard && s.outcome == Outcome::Raised);
-    if let Some((name, action, score)) = guard.matched.filter(|(_, action, _)| *action > d.action) {
-        let reason = format!("guard raised {} to {}", d.action.as_str(), action.as_str());
-        d.path.push(step(Outcome::Raised, &name, Some(score), reason));
-        d.risk_score = d.risk_score.max(score);
-        d.label = Label::from_risk_score(d.risk_score);
-        d.confidence = None;
-        d.action = action;
-        d.tier = TierName::Guard;
-        d.rule = Some(name);
-        raised = true;
+    // The lowest action the allow-list may leave (unless `allowlist_overrides_guards`): a matching
+    // guard's own action even when it raised nothing because the action already stood there (a
+    // guard that agrees with the model still vouches for it), and wherever a guard or a failing
+    // rule raised the action (the rules stage's floor for a rule that failed counts: failing closed).
+    let raised = d.path.iter().any(|s| s.tier == TierName::Guard && s.outcome == Outcome::Raised);
+    let mut floor = raised.then_some(d.action);
+    if let Some((name, action, score)) = guard.matched {
+        floor = floor.max(Some(action));
+        if action > d.action {
+            let reason = format!("guard raised {} to {}", d.action.as_str(), action.as_str());
+            d.path.push(step(Outcome::Raised, &name, Some(score), reason));
+            d.risk_score = d.risk_score.max(score);
+            d.label = Label::from_risk_score(d.risk_score);
+            d.confidence = None;
+            d.action = action;
+            d.tier = TierName::Guard;
+            d.rule = Some(name);
+        }
     }
     if let Some((name, error)) = guard.errors.first() {
-        raised |= at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
+        at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
+        floor = floor.max(Some(policy.safety.on_rule_error));
     }
     let allow = policy.rules.allowlisted(input);
     count_errors(&allow, metrics);
-    if let Some((name, action, _)) = allow.matched.filter(|(_, action, _)| *action < d.action) {
-        if !raised || policy.safety.allowlist_overrides_guards {
-            let reason = format!("allow-list lowered {} to {}", d.action.as_str(), action.as_str());
+    if let Some((name, action, _)) = allow.matched {
+        let to = if policy.safety.allowlist_overrides_guards { action } else { floor.map_or(action, |f| action.max(f)) };
+        if to < d.action {
+            let reason = format!("allow-list lowered {} to {}", d.action.as_str(), to.as_str());
             d.path.push(step(Outcome::Lowered, &name, None, reason));
-            d.action = action;
+            d.action = to;
             d.tier = TierName::Guard;
             d.rule = Some(name);
         }

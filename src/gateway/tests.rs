@@ -128,7 +128,7 @@ async fn replay_in(
 }
 
 fn english() -> crate::text::Language {
-    crate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true }
+    crate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None }
 }
 
 fn path(d: &Decision) -> Vec<(TierName, Outcome)> {
@@ -263,6 +263,23 @@ async fn the_allow_list_lowers_only_what_the_policy_lets_it() {
     let lenient = policy(&format!("{GUARDED}\n[safety]\nallowlist_overrides_guards = true\n"));
     let d = decide_with(&lenient, phish, serde_json::json!({}), Some("it-desk"), 0.02).await;
     assert_eq!(d.action, Action::Allow, "unless the policy says so");
+}
+
+#[tokio::test]
+async fn a_guard_that_agrees_with_the_model_still_holds_against_the_allow_list() {
+    // The model blocks on its own and the guard matches at the same action: nothing was raised,
+    // but the guard still vouches for the block (issue 25, item 7).
+    let p = policy(GUARDED);
+    let phish = "password reset https://x.top";
+    let d = decide_with(&p, phish, serde_json::json!({}), Some("it-desk"), 0.97).await;
+    assert_eq!((d.action, d.tier), (Action::Block, TierName::Cpu), "{:?}", d.path);
+    // A guard below the model's action is a floor of its own: the allow-list lowers the model's
+    // block only as far as the matching review guard.
+    let d = decide_with(&p, "wire it today", serde_json::json!({"amount": 50000}), Some("it-desk"), 0.97).await;
+    assert_eq!((d.action, d.rule.as_deref()), (Action::Review, Some("internal_notice")), "{:?}", d.path);
+    let lenient = policy(&format!("{GUARDED}\n[safety]\nallowlist_overrides_guards = true\n"));
+    let d = decide_with(&lenient, phish, serde_json::json!({}), Some("it-desk"), 0.97).await;
+    assert_eq!(d.action, Action::Allow, "unless the policy lets the allow-list override guards");
 }
 
 #[tokio::test]

@@ -22,6 +22,11 @@ pub enum Source {
     /// A JSON pointer into the body (RFC 6901), as reference tokens; `-1` selects an array's last
     /// element (an extension: RFC 6901's `-` names the element *after* the last).
     Pointer(Vec<String>),
+    /// `messages:POINTER`: a conversation at a JSON pointer (an OpenAI- or Anthropic-style
+    /// `messages` array, a single message, a `system` string or content parts), read message by
+    /// message: every role's content, the text of every content part, nested tool results and
+    /// tool-call arguments ([`collect_conversation`]), never the roles, names, ids or media URLs.
+    Messages(Vec<String>),
     Header(HeaderName),
     /// A query parameter, percent-decoded; every occurrence.
     Query(String),
@@ -41,22 +46,30 @@ impl Source {
             }
             return Ok(Source::Query(name.to_string()));
         }
+        if let Some(pointer) = spec.strip_prefix("messages:") {
+            return match Source::parse(pointer) {
+                Ok(Source::Pointer(tokens)) => Ok(Source::Messages(tokens)),
+                _ => Err(format!("`{spec}`: `{pointer}` is not a JSON pointer (`/messages`)")),
+            };
+        }
         if spec.is_empty() || spec.starts_with('/') {
             // RFC 6901 §4: `~1` is `/`, `~0` is `~`, in that order.
             let tokens = spec.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
             return Ok(Source::Pointer(tokens));
         }
-        Err(format!("`{spec}` is neither a JSON pointer (`/field/0`), `header:NAME` nor `query:NAME`"))
+        Err(format!(
+            "`{spec}` is neither a JSON pointer (`/field/0`), `messages:POINTER`, `header:NAME` nor `query:NAME`"
+        ))
     }
 
     fn reads_body(&self) -> bool {
-        matches!(self, Source::Pointer(_))
+        matches!(self, Source::Pointer(_) | Source::Messages(_))
     }
 
     /// The value at this source, if present.
     fn get(&self, parts: &Parts, json: Option<&Value>) -> Option<Value> {
         match self {
-            Source::Pointer(tokens) => {
+            Source::Pointer(tokens) | Source::Messages(tokens) => {
                 let mut at = json?;
                 for token in tokens {
                     at = match at {
@@ -244,8 +257,10 @@ fn classify_request(
 ) -> Result<ClassifyRequest, ApiError> {
     let mut pieces = Vec::new();
     for source in &screen.text {
-        if let Some(value) = source.get(parts, json) {
-            collect_text(&value, &mut pieces);
+        match (source, source.get(parts, json)) {
+            (Source::Messages(_), Some(value)) => collect_conversation(&value, &mut pieces),
+            (_, Some(value)) => collect_text(&value, &mut pieces),
+            (_, None) => {}
         }
     }
     let text = pieces.join("\n");
@@ -283,6 +298,32 @@ fn collect_text(value: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// The text of a conversation, message by message, in order: what a language model behind the
+/// proxy reads. A string is text; an array is messages or content parts, each read in turn; in an
+/// object, `content` (a string, content parts, or a tool result's nested content), `text` and
+/// `refusal` strings, and the `arguments` of `tool_calls[].function` and `function_call`. Roles,
+/// names, ids, part types and media (image or audio URLs and data) are not text and are skipped.
+pub(super) fn collect_conversation(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| collect_conversation(v, out)),
+        Value::Object(map) => {
+            for key in ["content", "text", "refusal"] {
+                if let Some(v) = map.get(key) {
+                    collect_conversation(v, out);
+                }
+            }
+            let calls = map.get("tool_calls").and_then(Value::as_array).into_iter().flatten();
+            for function in calls.filter_map(|c| c.get("function")).chain(map.get("function_call")) {
+                if let Some(Value::String(arguments)) = function.get("arguments") {
+                    out.push(arguments.clone());
+                }
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,6 +354,40 @@ mod tests {
         let mut text = Vec::new();
         collect_text(&body["messages"], &mut text);
         assert_eq!(text, ["first", "last"]);
+        assert_eq!(Source::parse("messages:/messages"), Ok(Source::Messages(vec!["messages".into()])));
+        assert!(Source::parse("messages:messages").unwrap_err().contains("not a JSON pointer"));
+    }
+
+    /// Issue 25, item 4: every message that reaches the model is read, whatever its role and the
+    /// shape of its content; nothing that is not text is.
+    #[test]
+    fn a_conversation_is_read_message_by_message_in_every_role_and_content_shape() {
+        let body = json!({"system": [{"type": "text", "text": "anthropic system"}], "messages": [
+            {"role": "system", "content": "system prompt"},
+            {"role": "developer", "content": [{"type": "text", "text": "developer part"}]},
+            {"role": "user", "name": "bob", "content": [
+                {"type": "text", "text": "user part one"},
+                {"type": "image_url", "image_url": {"url": "https://img.example/cat.png"}},
+                {"type": "input_text", "text": "user part two"}]},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"tool args\"}"}}]},
+            {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": "legacy args"}},
+            {"role": "tool", "tool_call_id": "call_1", "content": "tool result"},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "nested tool result"}]}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "a refusal"}]},
+            {"role": "assistant", "content": "assistant prefill"}]});
+        let p = parts("/");
+        let mut text = Vec::new();
+        for spec in ["messages:/system", "messages:/messages"] {
+            collect_conversation(&Source::parse(spec).unwrap().get(&p, Some(&body)).unwrap(), &mut text);
+        }
+        let want = [
+            "anthropic system", "system prompt", "developer part", "user part one", "user part two",
+            "{\"q\": \"tool args\"}", "", "legacy args", "tool result", "nested tool result", "a refusal",
+            "assistant prefill",
+        ];
+        assert_eq!(text, want);
     }
 }
 

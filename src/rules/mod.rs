@@ -17,7 +17,7 @@
 //! - `tenant`: string (`""` when absent); `text_len`: int, bytes;
 //! - `lang`: the text's language, ISO 639-3 (`"eng"`, `"fra"`, ...), `"und"` when unsure;
 //! - `obfuscation`: map of what canonicalisation undid (int counts): `invisible_chars`,
-//!   `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`;
+//!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`;
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
 
@@ -239,6 +239,7 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
     let o = input.obfuscation;
     let counts = [
         ("invisible_chars", o.invisible_chars),
+        ("smuggled_chars", o.smuggled_chars),
         ("mixed_script_words", o.mixed_script_words),
         ("confusable_chars", o.confusable_chars),
         ("defanged_links", o.defanged_links),

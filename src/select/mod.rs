@@ -235,11 +235,8 @@ pub fn after_cpu(
         (Outcome::Error, why)
     } else if let Some(why) = foreign(lang, policy) {
         (Outcome::Language, why)
-    } else if v.unread && v.risk_score < 0.5 {
-        // The riskiest window decides, so unread text can only add risk: a risk verdict from the
-        // windows read stands on its own; an ok one might be hiding the pitch further on.
-        let read = v.window.map_or(1, |w| w.of);
-        (Outcome::Unread, format!("text past the {read} window(s) the model reads was not read"))
+    } else if let Some(why) = unread_ok(v) {
+        (Outcome::Unread, why)
     } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
         (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
     } else if v.confidence < c.escalate_below() {
@@ -274,6 +271,9 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     let accept_below = policy.cascade.accept_below;
     if let Some(reason) = not_finite(v) {
         Next::Rules { outcome: Outcome::Error, reason }
+    } else if let Some(reason) = unread_ok(v) {
+        // The same windows as the cpu tier's: an ok over the part read clears nothing past it.
+        Next::Rules { outcome: Outcome::Unread, reason }
     } else if v.confidence < accept_below {
         Next::Rules {
             outcome: Outcome::LowConfidence,
@@ -288,15 +288,32 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
 }
 
 /// Why the cpu model cannot judge a text in this language: a reliably detected language, or a
-/// main script other than Latin, outside `[cascade] model_languages`.
+/// main script other than Latin, outside `[cascade] model_languages` — in its first window or
+/// anywhere past it ([`Language::elsewhere`]: a later window in another language, or a passage in
+/// another script).
 pub fn foreign(lang: &Language, policy: &Policy) -> Option<String> {
     let known = &policy.cascade.model_languages;
-    if lang.reliable && !known.iter().any(|k| k == lang.code) {
+    let unknown = |code: &str| code != "und" && !known.iter().any(|k| k == code);
+    let foreign_script = |script: &str| !matches!(script, "Latn" | "Zzzz");
+    if lang.reliable && unknown(lang.code) {
         return Some(format!("language {} is not one the model was trained on ({})", lang.code, known.join(", ")));
     }
-    let script = lang.script;
-    (!matches!(script, "Latn" | "Zzzz"))
-        .then(|| format!("{script} script: not a language the model was trained on ({})", known.join(", ")))
+    if foreign_script(lang.script) {
+        return Some(format!("{} script: not a language the model was trained on ({})", lang.script, known.join(", ")));
+    }
+    let e = lang.elsewhere.filter(|e| unknown(e.code) || foreign_script(e.script))?;
+    let what = if e.code == "und" { format!("{} script", e.script) } else { format!("language {}", e.code) };
+    Some(format!("a later part of the text is in {what}: not a language the model was trained on ({})", known.join(", ")))
+}
+
+/// Why an ok verdict cannot stand on a text the model did not read whole. The riskiest window
+/// decides, so unread text can only add risk: a risk verdict from the windows read stands on its
+/// own; an ok one might be hiding the pitch further on. Both model tiers read through windows.
+fn unread_ok(v: &ModelVerdict) -> Option<String> {
+    (v.unread && v.risk_score < 0.5).then(|| {
+        let read = v.window.map_or(1, |w| w.of);
+        format!("text past the {read} window(s) the model reads was not read")
+    })
 }
 
 /// Why a verdict cannot be judged at all: a non-finite score (NaN passes every `<` test, so it

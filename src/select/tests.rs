@@ -81,7 +81,7 @@ fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
 
 /// An English text, as `text::detect` reports one.
 fn en() -> Language {
-    Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true }
+    Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None }
 }
 
 const PLENTY: Duration = Duration::from_millis(200);
@@ -419,7 +419,7 @@ fn a_non_finite_verdict_is_never_accepted() {
 #[test]
 fn text_in_another_language_never_gets_a_cpu_verdict() {
     let p = policy("");
-    let fr = Language { code: "fra", guess: "fra", script: "Latn", confidence: 0.9, reliable: true };
+    let fr = Language { code: "fra", guess: "fra", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None };
     let none = Err(Ineligible::NotConfigured("none".into()));
     match after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &p, &none) {
         Next::Rules { outcome: Outcome::Language, reason } => assert!(reason.contains("language fra"), "{reason}"),
@@ -427,9 +427,9 @@ fn text_in_another_language_never_gets_a_cpu_verdict() {
     }
     assert!(matches!(after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &p, &Ok(())), Next::Escalate { .. }));
     // A short text with an unsure guess stays with the model; a non-Latin script does not.
-    let short = Language { code: "und", guess: "spa", script: "Latn", confidence: 0.2, reliable: false };
+    let short = Language { code: "und", guess: "spa", script: "Latn", confidence: 0.2, reliable: false, elsewhere: None };
     assert_eq!(after_cpu(&verdict(0.99, Some(0.5)), &short, &complexity(0.2), &p, &none), Next::Accept { note: None });
-    let cyrillic = Language { code: "und", guess: "rus", script: "Cyrl", confidence: 0.3, reliable: false };
+    let cyrillic = Language { code: "und", guess: "rus", script: "Cyrl", confidence: 0.3, reliable: false, elsewhere: None };
     assert!(matches!(
         after_cpu(&verdict(0.99, Some(0.5)), &cyrillic, &complexity(0.2), &p, &none),
         Next::Rules { outcome: Outcome::Language, .. }
@@ -453,6 +453,10 @@ fn unread_text_hands_over_an_ok_verdict_but_not_a_risk_one() {
     let mut risk = verdict(0.97, Some(0.5));
     risk.unread = true;
     assert_eq!(after_cpu(&risk, &en(), &complexity(0.2), &p, &none), Next::Accept { note: None });
+    // The gpu tier reads the same windows: its ok on them clears nothing past them (issue 25,
+    // item 8), its risk verdict stands.
+    assert!(matches!(after_gpu(&ok, &p), Next::Rules { outcome: Outcome::Unread, .. }));
+    assert_eq!(after_gpu(&risk, &p), Next::Accept { note: None });
 }
 
 /// A tenant holding `in_flight` gpu slots under a class with `share` of the tier.
@@ -513,4 +517,17 @@ fn tenant_gpu_limits_share_rounding_and_budget() {
     // A gpu tier that is not configured says so first.
     s.gpu.unavailable = Some("no gpu tier configured".into());
     assert!(matches!(gpu_eligibility(&p, &s, PLENTY), Err(Ineligible::NotConfigured(_))));
+}
+
+#[test]
+fn a_later_part_in_a_language_the_model_does_not_read_is_foreign() {
+    let p = policy("");
+    let mut mixed = en();
+    mixed.elsewhere = Some(crate::text::Elsewhere { code: "und", script: "Cyrl" });
+    assert!(foreign(&mixed, &p).unwrap().contains("Cyrl script"), "{:?}", foreign(&mixed, &p));
+    mixed.elsewhere = Some(crate::text::Elsewhere { code: "spa", script: "Latn" });
+    assert!(foreign(&mixed, &p).unwrap().contains("language spa"));
+    let mut multilingual = policy("");
+    multilingual.cascade.model_languages.push("spa".into());
+    assert_eq!(foreign(&mixed, &multilingual), None, "a language the model reads is not foreign anywhere");
 }

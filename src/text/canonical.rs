@@ -5,7 +5,8 @@
 //! 1. **HTML entities** decoded with the WHATWG named-entity table of the `html-escape` crate;
 //!    only references ending in `;` are decoded (`&#112;`, `&#x70;`, `&amp;`), so prose such as
 //!    "AT&T" or "R&D" stays as it is. A chain such as `&amp;#112;` is decoded in one go.
-//! 2. **Invisible characters** removed: every format character (General Category Cf: soft hyphen,
+//! 2. **Invisible characters** removed (`invisible.rs`, which also decodes the text hidden in Tag
+//!    characters and variation-selector runs): every format character (General Category Cf: soft hyphen,
 //!    zero-width space, zero-width (non-)joiner, word joiner, BOM, bidi controls, tags, ...), every
 //!    control character (Cc) except the ASCII white space and U+0085, and the other characters that
 //!    the UTS #39 skeleton ignores as Default_Ignorable (variation selectors, combining grapheme
@@ -34,12 +35,12 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use unicode_normalization::{is_nfkc_quick, IsNormalized, UnicodeNormalization};
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 use unicode_script::{Script, UnicodeScript};
 use unicode_security::{is_potential_mixed_script_confusable_char, MixedScript};
 use unicode_segmentation::UnicodeSegmentation;
 
 use super::defang::{bracket_marker, defanged_scheme, restore_defanged};
+use super::invisible::strip_invisible;
 
 /// Most rounds of the pipeline [`canonicalize`] runs. Another round runs only while the previous
 /// one changed a text that is not plain ASCII by then; it usually confirms that nothing is left,
@@ -79,6 +80,11 @@ pub struct TextSignals {
     /// letter mark right after a non-Latin, non-ASCII character is removed but not counted: that is
     /// how emoji sequences, Indic, Arabic and Persian text and CJK ideographic variants use them.
     pub invisible_chars: usize,
+    /// Invisible characters that carried hidden text, decoded into [`Canonical::text`] where they
+    /// stood: Unicode Tag characters outside an emoji flag sequence (ASCII smuggling) and runs of
+    /// two or more variation selectors (bytes encoded as selectors). No ordinary text has them, so
+    /// any count means text written to be read by a machine and not by a person.
+    pub smuggled_chars: usize,
     /// Words that mix scripts with a look-alike character in the minority script (for example
     /// "pаypal" with a Cyrillic "а"), or that could be folded to Latin; a word that merely mixes
     /// scripts without look-alikes, such as Korean "iPhone을", does not count.
@@ -166,7 +172,7 @@ fn round(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -> Option<Str
     if let Some(next) = decode_entities(&text, &mut signals.html_entities) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = strip_invisible(&text, &mut signals.invisible_chars) {
+    if let Some(next) = strip_invisible(&text, signals) {
         text = Cow::Owned(next);
     }
     if let Some(next) = nfkc(&text, &mut signals.confusable_chars) {
@@ -256,66 +262,6 @@ fn decode_one(body: &str) -> Option<(String, usize)> {
         Cow::Owned(decoded) => Some((decoded, name_len + 1)),
         Cow::Borrowed(_) => None,
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Step 2: invisible characters
-
-/// Removes the invisible characters; adds those that count as hidden to `count`.
-fn strip_invisible(s: &str, count: &mut usize) -> Option<String> {
-    let first = s.char_indices().find(|&(_, c)| is_invisible(c))?.0;
-    let mut out = String::with_capacity(s.len());
-    out.push_str(&s[..first]);
-    let mut prev = out.chars().next_back();
-    for c in s[first..].chars() {
-        if is_invisible(c) {
-            if !(is_script_joiner(c) && prev.is_some_and(uses_joiners)) {
-                *count += 1;
-            }
-        } else {
-            out.push(c);
-            prev = Some(c);
-        }
-    }
-    Some(out)
-}
-
-/// Format (Cf), control (Cc, except white space) and other Default_Ignorable characters.
-fn is_invisible(c: char) -> bool {
-    if c.is_ascii() {
-        return c.is_ascii_control() && !c.is_ascii_whitespace();
-    }
-    match c.general_category() {
-        GeneralCategory::Format => true,
-        GeneralCategory::Control => !c.is_whitespace(),
-        // Variation selectors, the combining grapheme joiner, Mongolian free variation selectors,
-        // reserved Default_Ignorable code points.
-        GeneralCategory::NonspacingMark | GeneralCategory::Unassigned => ignored_by_skeleton(c),
-        // Hangul fillers.
-        GeneralCategory::OtherLetter => c.script() == Script::Hangul && ignored_by_skeleton(c),
-        _ => false,
-    }
-}
-
-/// Whether the UTS #39 skeleton drops `c`, i.e. `c` is Default_Ignorable (the table lives in
-/// `unicode-security`).
-fn ignored_by_skeleton(c: char) -> bool {
-    let mut buf = [0u8; 4];
-    let ignored = unicode_security::skeleton(c.encode_utf8(&mut buf)).next().is_none();
-    ignored
-}
-
-/// Invisible characters that scripts and emoji use legitimately after their own characters.
-fn is_script_joiner(c: char) -> bool {
-    matches!(c, '\u{200C}' | '\u{200D}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
-        || unicode_properties::emoji::is_tag_character(c)
-        || c.general_category() == GeneralCategory::NonspacingMark
-}
-
-/// Characters after which a joiner, mark or variation selector is ordinary: non-ASCII and not
-/// Latin (emoji, Arabic, Indic, CJK, ...).
-fn uses_joiners(c: char) -> bool {
-    !c.is_ascii() && c.script() != Script::Latin
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,8 +5,15 @@
 //! invisible characters would otherwise skew the guess. Texts with fewer than
 //! [`MIN_LETTERS`] letters are never reliable (a greeting or a three-word SMS fits several
 //! languages), nor are guesses below [`MIN_CONFIDENCE`] (one short sentence often is: whatlang
-//! tells close languages such as Russian and Bulgarian apart only on longer text), and only the first [`MAX_SAMPLE_BYTES`] bytes are looked at, which bounds the cost
-//! of a long mail.
+//! tells close languages such as Russian and Bulgarian apart only on longer text).
+//!
+//! A long text is judged per window, not by its start: 1 KiB of English followed by a Cyrillic
+//! scam is not an English text. The first window of [`MAX_SAMPLE_BYTES`] gives the language;
+//! every letter of the whole text is counted by script (cheap: one pass, no trigram profiles),
+//! and up to [`MAX_WINDOWS`] windows spread over the rest are read by whatlang; the first window
+//! or script run that differs is reported in [`Language::elsewhere`], which the language gate
+//! checks as it checks the first window. The cost is bounded by [`MAX_WINDOWS`] (about 0.4 ms
+//! per window in a release build).
 
 use serde::Serialize;
 use std::sync::{Arc, OnceLock};
@@ -30,10 +37,15 @@ pub const MIN_CONFIDENCE: f64 = 0.5;
 /// Portuguese or Hinglish) reached 0.99.
 pub const MIN_HEAD_TO_HEAD: f64 = 0.99;
 
-/// Only this many bytes from the start of the text (cut back to a character boundary) are
-/// looked at: plenty for a language guess, and whatlang's cost grows with the sample (about 0.1 ms
-/// for an SMS, 0.4 ms for 1 KB in a release build).
+/// Bytes of one window (cut back to a character boundary): plenty for a language guess, and
+/// whatlang's cost grows with the sample (about 0.1 ms for an SMS, 0.4 ms for 1 KB in a release
+/// build).
 pub const MAX_SAMPLE_BYTES: usize = 1024;
+
+/// Most windows whatlang reads in one text, the first included. A text of up to this many
+/// windows is read whole; a longer one in windows spread evenly over it (other scripts are
+/// found in all of it by the letter count).
+pub const MAX_WINDOWS: usize = 8;
 
 /// Language and script of a text.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -53,6 +65,20 @@ pub struct Language {
     /// confidence is at least [`MIN_CONFIDENCE`], or the guess beats English head to head
     /// ([`MIN_HEAD_TO_HEAD`]).
     pub reliable: bool,
+    /// A later part of the text in another language or script, if any: the first later window
+    /// whose reliable language differs from `code`, or else a script other than `script` with at
+    /// least [`MIN_LETTERS`] letters anywhere in the text. `None` for a text of one language.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elsewhere: Option<Elsewhere>,
+}
+
+/// Another language or script found past the first window ([`Language::elsewhere`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Elsewhere {
+    /// ISO 639-3 code of the later window's language, "und" when only the script differs.
+    pub code: &'static str,
+    /// ISO 15924 code of its script ("Latn", "Cyrl", "Hani", ...).
+    pub script: &'static str,
 }
 
 /// The language of one text, detected at most once, on first use, by whichever thread asks
@@ -77,15 +103,27 @@ impl LanguageCell {
     }
 
     /// The text's language ([`detect`]), detected now if no thread did before (~50-75 µs for an
-    /// SMS in a release build, bounded by [`MAX_SAMPLE_BYTES`]).
+    /// SMS in a release build, bounded by [`MAX_WINDOWS`]).
     pub fn get(&self) -> &Language {
         self.lang.get_or_init(|| detect(&self.text))
     }
 }
 
-/// Language and script of `text` (see the module documentation for the limits).
+/// Language and script of `text`, per window (see the module documentation for the limits).
 pub fn detect(text: &str) -> Language {
-    let sample = sample(text);
+    let windows = windows(text);
+    let mut lang = detect_window(windows[0]);
+    lang.elsewhere = windows[1..]
+        .iter()
+        .map(|w| detect_window(w))
+        .find(|l| l.reliable && l.code != lang.code)
+        .map(|l| Elsewhere { code: l.code, script: l.script })
+        .or_else(|| other_script(text, lang.script).map(|script| Elsewhere { code: "und", script }));
+    lang
+}
+
+/// Language and script of one window.
+fn detect_window(sample: &str) -> Language {
     let Some(info) = whatlang::detect(sample) else {
         return Language {
             code: "und",
@@ -93,6 +131,7 @@ pub fn detect(text: &str) -> Language {
             script: whatlang::detect_script(sample).map_or("Zzzz", iso15924),
             confidence: 0.0,
             reliable: false,
+            elsewhere: None,
         };
     };
     let enough = sample.chars().filter(|c| c.is_alphabetic()).take(MIN_LETTERS).count() >= MIN_LETTERS;
@@ -103,7 +142,30 @@ pub fn detect(text: &str) -> Language {
         script: iso15924(info.script()),
         confidence: info.confidence(),
         reliable,
+        elsewhere: None,
     }
+}
+
+/// The script, other than `main`, with the most letters in `text` if it has at least
+/// [`MIN_LETTERS`] (a name or a place in another script is not a passage in it). ISO 15924 codes
+/// from `unicode-script`, the same as [`iso15924`]'s for the scripts whatlang knows.
+fn other_script(text: &str, main: &str) -> Option<&'static str> {
+    let mut counts: Vec<(unicode_script::Script, usize)> = Vec::new();
+    for c in text.chars().filter(|c| c.is_alphabetic()) {
+        let script = unicode_script::UnicodeScript::script(&c);
+        if matches!(script, unicode_script::Script::Common | unicode_script::Script::Inherited) {
+            continue;
+        }
+        match counts.iter_mut().find(|(s, _)| *s == script) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((script, 1)),
+        }
+    }
+    counts
+        .into_iter()
+        .filter(|&(s, n)| n >= MIN_LETTERS && s.short_name() != main)
+        .max_by_key(|&(_, n)| n)
+        .map(|(s, _)| s.short_name())
 }
 
 /// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.
@@ -114,16 +176,25 @@ fn beats_english(sample: &str, lang: whatlang::Lang) -> bool {
             .is_some_and(|i| i.lang() == lang && i.confidence() >= MIN_HEAD_TO_HEAD)
 }
 
-/// The first [`MAX_SAMPLE_BYTES`] bytes of `text`, cut back to a character boundary.
-fn sample(text: &str) -> &str {
-    if text.len() <= MAX_SAMPLE_BYTES {
-        return text;
+/// The windows whatlang reads: `text` cut into pieces of [`MAX_SAMPLE_BYTES`] (each cut back to
+/// a character boundary), all of them when there are at most [`MAX_WINDOWS`], else the first,
+/// the last and others evenly between. Never empty (an empty text is one empty window).
+fn windows(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < text.len() || pieces.is_empty() {
+        let mut end = (start + MAX_SAMPLE_BYTES).min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        pieces.push(&text[start..end]);
+        start = end;
     }
-    let mut end = MAX_SAMPLE_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
+    if pieces.len() <= MAX_WINDOWS {
+        return pieces;
     }
-    &text[..end]
+    let last = pieces.len() - 1;
+    (0..MAX_WINDOWS).map(|i| pieces[i * last / (MAX_WINDOWS - 1)]).collect()
 }
 
 /// ISO 15924 code of a whatlang script.

@@ -16,10 +16,11 @@
 
 pub mod canonical;
 mod defang;
+mod invisible;
 pub mod lang;
 
 pub use canonical::{canonicalize, skeleton, Canonical, TextSignals};
-pub use lang::{detect, Language, LanguageCell};
+pub use lang::{detect, Elsewhere, Language, LanguageCell};
 
 #[cfg(test)]
 mod tests;

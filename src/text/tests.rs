@@ -123,9 +123,10 @@ fn soft_hyphen_is_removed() {
 #[test]
 fn bidi_controls_and_other_format_characters_are_removed() {
     // Right-to-left override used to disguise a file name, a left-to-right isolate, a tag char.
+    // A tag character shadows an ASCII one: it is read as that character (ASCII smuggling).
     let c = canon("invoice\u{202E}fdp.exe \u{2066}x\u{2069} a\u{E0041}b");
-    assert_eq!(c.text, "invoicefdp.exe x ab");
-    assert_eq!(c.signals.invisible_chars, 4);
+    assert_eq!(c.text, "invoicefdp.exe x aAb");
+    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (4, 1));
 }
 
 #[test]
@@ -149,6 +150,69 @@ fn joiners_in_emoji_and_non_latin_scripts_are_removed_without_counting() {
     assert_eq!(c.text, "\u{1F468}\u{1F469}\u{1F467} \u{2764} \u{645}\u{6CC}\u{62E}\u{648}\u{627}\u{647}\u{645}");
     assert_eq!(c.signals.invisible_chars, 0);
     assert!(c.signals.changed);
+}
+
+/// `text` written in Unicode Tag characters (U+E0000 + each ASCII code).
+fn tags(text: &str) -> String {
+    text.chars().map(|c| char::from_u32(0xE0000 + c as u32).unwrap()).collect()
+}
+
+/// `text`'s UTF-8 bytes as variation selectors (0-15 -> U+FE00.., 16-255 -> U+E0100..).
+fn selectors(text: &str) -> String {
+    let vs = |b: u8| char::from_u32(if b < 16 { 0xFE00 + b as u32 } else { 0xE0100 + b as u32 - 16 }).unwrap();
+    text.bytes().map(vs).collect()
+}
+
+#[test]
+fn text_hidden_in_tag_characters_is_read_and_counted_wherever_it_stands() {
+    let hidden = "verify your password at http://x.top";
+    for before in ["Hi! ", "Hi \u{1F44B} ", "\u{4F60}\u{597D} ", "\u{645}\u{631}\u{62D}\u{628}\u{627} ", ""] {
+        let c = canon(&format!("{before}{}", tags(hidden)));
+        assert!(c.text.ends_with(hidden), "{before:?}: {:?}", c.text);
+        assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (hidden.len(), hidden.len()), "{before:?}");
+    }
+    // Language and cancel tags around it shadow nothing printable, but are counted.
+    let c = canon(&format!("ok\u{E0001}{}\u{E007F}", tags("pay")));
+    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("okpay", 5, 3));
+}
+
+#[test]
+fn emoji_flag_tag_sequences_stay_ordinary() {
+    // The flags of England and Scotland (UTS #51 tag sequences) are not hidden text.
+    let c = canon(&format!("Go \u{1F3F4}{}\u{E007F} and \u{1F3F4}{}\u{E007F}!", tags("gbeng"), tags("gbsct")));
+    assert_eq!(c.text, "Go \u{1F3F4} and \u{1F3F4}!");
+    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (0, 0));
+    // The same tags after anything but the black flag, or spelling more than a region, are hidden text.
+    let c = canon(&format!("Go \u{1F600}{}\u{E007F}", tags("gbeng")));
+    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (6, 5));
+    let c = canon(&format!("\u{1F3F4}{}\u{E007F}", tags("send the code")));
+    assert_eq!(c.signals.smuggled_chars, 13);
+}
+
+#[test]
+fn text_hidden_in_variation_selectors_is_read_and_counted() {
+    let hidden = "send your OTP to +1 555 0100";
+    let c = canon(&format!("Lunch? \u{1F354}{}", selectors(hidden)));
+    assert!(c.text.contains(hidden), "{:?}", c.text);
+    let n = hidden.len();
+    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (n, n));
+    // Bytes that are not UTF-8 are dropped, and still counted.
+    let c = canon("x \u{1F354}\u{E01EF}\u{E01EF}");
+    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("x \u{1F354}", 2, 2));
+    // One selector after an emoji, a keycap base or an ideograph is ordinary; after a Latin letter
+    // it is counted (hidden, not smuggled).
+    let c = canon("\u{2764}\u{FE0F} 1\u{FE0F}\u{20E3} \u{845B}\u{E0100}");
+    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (0, 0), "{:?}", c.text);
+    let c = canon("pay\u{FE0F}pal");
+    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("paypal", 1, 0));
+}
+
+#[test]
+fn a_joiner_after_an_emoji_joins_only_what_follows_it() {
+    // A ZWJ between two emoji is a ZWJ sequence; before a space or a Latin letter it joins nothing.
+    let c = canon("\u{1F600}\u{200D} pass\u{200B}word \u{1F600}\u{200D}x");
+    assert_eq!(c.text, "\u{1F600} password \u{1F600}x");
+    assert_eq!(c.signals.invisible_chars, 3);
 }
 
 #[test]
@@ -503,4 +567,29 @@ fn long_text_is_sampled_at_a_char_boundary() {
     let long = "é".repeat(5000) + " Your account has been suspended, please confirm your details.";
     let l = detect(&long); // must not panic on the multi-byte cut
     assert_eq!(l.script, "Latn");
+}
+
+/// About `bytes` bytes of ordinary English prose.
+fn english_prose(bytes: usize) -> String {
+    let sentence = "Thanks for coming to the garden club meeting on Tuesday, we planted tomatoes and beans. ";
+    sentence.repeat(bytes / sentence.len() + 1)
+}
+
+#[test]
+fn a_later_passage_in_another_script_or_language_is_found_past_the_first_window() {
+    // Issue 25, item 3: 1 KiB of English followed by a Cyrillic scam is not an English text.
+    let scam = "Уважаемый клиент, ваша карта заблокирована. Переведите деньги на безопасный счёт сегодня.";
+    let l = detect(&format!("{}{scam}", english_prose(1100)));
+    assert_eq!((l.code, l.script), ("eng", "Latn"));
+    let e = l.elsewhere.expect("the Cyrillic passage is found");
+    assert_eq!(e.script, "Cyrl", "{e:?}");
+    // The same script, another language: found by the window that holds it.
+    let spanish = "Estimado cliente, su cuenta ha sido bloqueada por seguridad. Para desbloquearla debe \
+        confirmar sus datos bancarios y la clave que le enviamos por mensaje hoy mismo. "
+        .repeat(8);
+    let l = detect(&format!("{}{spanish}", english_prose(1100)));
+    assert_eq!(l.elsewhere.map(|e| (e.code, e.script)), Some(("spa", "Latn")));
+    // A long text in one language, or with a name in another script, has nothing elsewhere.
+    assert_eq!(detect(&english_prose(12_000)).elsewhere, None);
+    assert_eq!(detect(&format!("{} Best, 王小明", english_prose(3000))).elsewhere, None);
 }

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tiergate::audit::query::{self, Filter};
 use tiergate::audit::store::Store;
-use tiergate::audit::{AuditConfig, AuditRecord, OnFull, TextMode};
+use tiergate::audit::{AuditConfig, AuditRecord, Draft, Kind, ModelRef, OnFull, TextMode};
 use tiergate::gateway::{ShadowConfig, Sources};
 
 const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
@@ -198,6 +198,65 @@ async fn a_full_queue_drops_and_counts_under_drop() {
     let reply = common::send(addr, "GET", "/metrics", &[], "").await;
     let text = String::from_utf8_lossy(&reply.body);
     assert!(text.contains("tiergate_audit_dropped_total 1") && text.contains("tiergate_audit_queue_depth 0"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_writer_stopped_requests_are_refused_not_answered_without_a_record() {
+    let (addr, gateway, dir) = tiny_queue("stopped", OnFull::Block);
+    assert_eq!(post(addr, "/v1/classify", "before", json!({"text": BENIGN})).await.status, StatusCode::OK);
+    let audit = gateway.audit.clone().unwrap();
+    tokio::task::spawn_blocking(move || audit.close()).await.unwrap();
+    let refused = post(addr, "/v1/classify", "after", json!({"text": BENIGN})).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", refused.body);
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert!(refused.json()["error"]["message"].as_str().unwrap().contains("writer has stopped"), "{:?}", refused.body);
+    assert_eq!((records(&dir, "before").len(), records(&dir, "after").len()), (1, 0));
+}
+
+/// A record no response waits on (a shadow disagreement) for `id`.
+fn detached(id: &str) -> Draft {
+    Draft {
+        request_id: id.into(),
+        unix_ms: tiergate::audit::record::now_ms(),
+        kind: Kind::Shadow,
+        tenant: None,
+        route: None,
+        policy_version: "p".into(),
+        scenario: None,
+        model: ModelRef { name: "m".into(), sha256: None },
+        action: "allow",
+        label: None,
+        risk_score: None,
+        tier: "cpu",
+        path: Vec::new(),
+        note: None,
+        latency_us: 0,
+        lang: None,
+        text: std::sync::Arc::from("x"),
+    }
+}
+
+/// Under `block`, records no response waits on that find the queue full wait in an overflow
+/// queue of the same size (no task per record polling for room); past it they are dropped and
+/// counted, so a stalled writer cannot make them pile up without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_records_wait_in_a_bounded_overflow_and_past_it_are_counted_dropped() {
+    let dir = scratch("overflow");
+    let mut config = common::config(&common::repo().join("policies"));
+    config.audit = Some(AuditConfig { dir: dir.clone(), queue_capacity: 2, ..AuditConfig::default() });
+    let (_, gateway) = common::start_with(config, Sources::default());
+    let audit = gateway.audit.clone().unwrap();
+    let paused = audit.pause_writer_for_tests();
+    for i in 0..10 {
+        audit.submit_detached(detached(&format!("cut-{i}")));
+    }
+    assert_eq!(gateway.metrics.audit_dropped.get(), 6, "2 in the queue, 2 in the overflow, the rest dropped");
+    drop(paused);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::task::spawn_blocking(move || audit.flush()).await.unwrap();
+    let kept: Vec<usize> = (0..10).map(|i| records(&dir, &format!("cut-{i}")).len()).collect();
+    assert_eq!(kept, [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(gateway.metrics.audit_dropped.get(), 6);
 }
 
 /// A free loopback port.

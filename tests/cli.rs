@@ -249,3 +249,37 @@ fn explain_decides_in_the_named_scenario_and_refuses_an_unknown_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown scenario `chat`; known: content_review, payments"), "{err}");
 }
+
+/// `tiergate drift reference` with a config whose `[audit]` (and `[audit.kafka]`) name a store:
+/// the command opens no audit trail — no directory made, no second writer or shipper of a live
+/// server's store.
+#[test]
+fn drift_reference_leaves_the_audit_store_alone() {
+    let dir = std::env::temp_dir().join(format!("tiergate-drift-ref-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let audit = dir.join("audit");
+    let config = format!(
+        "[model]\ndir = \"{}\"\n[policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\n\
+         [audit.kafka]\nbrokers = [\"127.0.0.1:1\"]\n",
+        repo().join("models").display(),
+        repo().join("policies").display(),
+        audit.display()
+    );
+    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
+    let rows = ["Are we still on for lunch tomorrow?", "Send your password to http://evil.example/login now."];
+    let data: String = rows.iter().map(|t| format!("{}\n", serde_json::json!({"text": t, "label": 0}))).collect();
+    std::fs::write(dir.join("val.jsonl"), data).unwrap();
+    let out = tiergate()
+        .args(["drift", "reference", "--data"])
+        .arg(dir.join("val.jsonl"))
+        .arg("--out")
+        .arg(dir.join("reference.json"))
+        .arg("--config")
+        .arg(dir.join("tiergate.toml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("reference.json").exists());
+    assert!(!audit.exists(), "drift reference opened the audit store as a writer");
+}

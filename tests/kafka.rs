@@ -79,6 +79,9 @@ impl Outbox for MemOutbox {
         }
         Ok(())
     }
+    fn mark_refused(&self, ids: &[i64]) -> anyhow::Result<()> {
+        self.mark_shipped(ids)
+    }
     fn backlog(&self) -> anyhow::Result<u64> {
         Ok(self.state.lock().unwrap().rows.iter().filter(|r| !r.3).count() as u64)
     }

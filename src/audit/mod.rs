@@ -4,10 +4,12 @@
 //!
 //! The request path builds a [`Draft`] (clones, no formatting) and `try_send`s it to a bounded
 //! queue (control messages — flush, stop — go on a channel of their own); one writer thread
-//! renders the text as `[audit] text` says, writes JSON and commits in batches. A full queue is
-//! `[audit] on_full`: the request gets 503 (`block`, the default: no record is lost silently) or
-//! the record is dropped and counted (`drop`). SIGTERM drains the server, then [`Audit::close`]
-//! commits everything queued.
+//! renders the text as `[audit] text` says, writes JSON and commits in batches, retrying a failed
+//! commit (a busy or failing store) until it succeeds while the queue backs up. A full queue, or
+//! a writer that has stopped, is `[audit] on_full`: the request gets 503 (`block`, the default:
+//! no answered request is without its record) or the record is dropped and counted (`drop`).
+//! Records no response waits on go to an overflow queue of the same size when the queue is full.
+//! SIGTERM drains the server, then [`Audit::close`] commits everything queued.
 //!
 //! Files by concern: [`config`] (`[audit]`), [`record`] (the record), [`text`] (hash and
 //! redaction), `key` (the HMAC key), [`store`] (SQLite, retention), `writer` (the thread),
@@ -35,6 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use writer::{Control, Writer};
@@ -68,6 +71,11 @@ impl AuditMetrics {
 /// The audit trail's front: the queue, the writer thread and the outbox.
 pub struct Audit {
     tx: Sender<Box<Draft>>,
+    /// Records no response waits on that found `tx` full (under `block`): a second bounded
+    /// queue the writer also takes from, so that waiting for room costs no task per record.
+    overflow: Sender<Box<Draft>>,
+    /// Set by [`Audit::close`]: from then on the writer gives a failing commit a bounded time.
+    stopping: Arc<AtomicBool>,
     control: Sender<Control>,
     /// A queue this long wakes the writer before its interval: `flush_max_records`, or half the
     /// queue when that is less, so that a small queue does not fill while the writer sleeps.
@@ -101,12 +109,16 @@ impl Audit {
         let backlog = Arc::new(Backlog::default());
         let outbox = Arc::new(SqliteOutbox::open(&config.dir, Arc::clone(&backlog))?);
         let (tx, records) = crossbeam_channel::bounded(config.queue_capacity);
+        let (overflow, overflow_rx) = crossbeam_channel::bounded(config.queue_capacity);
+        let stopping = Arc::new(AtomicBool::new(false));
         // Room for the few control messages in flight at once (flush, stop, a full-queue nudge);
         // a sender of a further nudge finds it full and leaves it, one is enough.
         let (control, control_rx) = crossbeam_channel::bounded(8);
         let metrics = AuditMetrics::from(metrics);
         let writer = Writer {
             records,
+            overflow: overflow_rx,
+            stopping: Arc::clone(&stopping),
             control: control_rx,
             store,
             text: text::TextPolicy::new(config.text, key),
@@ -126,10 +138,14 @@ impl Audit {
         let sink = config.kafka.clone().map(|kafka| {
             let (stop, stopped) = tokio::sync::watch::channel(false);
             let outbox = Arc::clone(&outbox) as Arc<dyn Outbox>;
+            // A record the broker refuses is lost to the sink: a drop like any other.
+            let kafka_metrics = kafka::KafkaMetrics { dropped: metrics.dropped.clone(), ..kafka_metrics };
             (stop, Mutex::new(Some(kafka::spawn(kafka, outbox, kafka_metrics, stopped))))
         });
         Ok(Audit {
             tx,
+            overflow,
+            stopping,
             control,
             wake_at: config.flush_max_records.min(config.queue_capacity / 2).max(1),
             on_full: config.on_full,
@@ -154,58 +170,70 @@ impl Audit {
         }
     }
 
-    /// Queues a record on the request path. Under `on_full = "block"` a full queue is an
-    /// `ApiError::Shed` (503 with `Retry-After`) for the caller to answer with; under `drop`
-    /// the record is dropped and counted. After [`Audit::close`], records are counted dropped.
+    /// Queues a record on the request path. Under `on_full = "block"` a full queue, or a writer
+    /// that has stopped (after [`Audit::close`], or a panic), is an `ApiError::Shed` (503 with
+    /// `Retry-After`) for the caller to answer with instead of the decision; under `drop` the
+    /// record is dropped and counted.
     pub fn submit(&self, draft: Draft) -> Result<(), ApiError> {
-        match self.tx.try_send(Box::new(draft)) {
+        let reason = match self.tx.try_send(Box::new(draft)) {
             Ok(()) => {
-                if self.tx.len() >= self.wake_at {
-                    let _ = self.control.try_send(Control::Full);
-                }
-                Ok(())
+                self.nudge();
+                return Ok(());
             }
             Err(TrySendError::Full(_)) => {
                 self.metrics.queue_full.inc();
-                match self.on_full {
-                    OnFull::Block => Err(ApiError::Shed {
-                        reason: "the audit trail's queue is full ([audit] on_full = \"block\")".into(),
-                        retry_after_s: 1,
-                    }),
-                    OnFull::Drop => {
-                        self.metrics.dropped.inc();
-                        Ok(())
-                    }
-                }
+                "the audit trail's queue is full ([audit] on_full = \"block\")"
             }
             Err(TrySendError::Disconnected(_)) => {
+                tracing::warn!("an audit record arrived after the writer stopped");
+                "the audit trail's writer has stopped ([audit] on_full = \"block\")"
+            }
+        };
+        match self.on_full {
+            OnFull::Block => Err(ApiError::Shed { reason: reason.into(), retry_after_s: 1 }),
+            OnFull::Drop => {
                 self.metrics.dropped.inc();
-                tracing::warn!("an audit record arrived after the writer stopped; dropped");
                 Ok(())
             }
         }
     }
 
-    /// Queues a record that no response waits on (a stream cut, a shadow disagreement): under
-    /// `block` a full queue is waited out on a task of its own, under `drop` it drops and counts.
+    /// Wakes the writer before its interval once the queue reaches `wake_at`.
+    fn nudge(&self) {
+        if self.tx.len() + self.overflow.len() >= self.wake_at {
+            let _ = self.control.try_send(Control::Full);
+        }
+    }
+
+    /// Queues a record that no response waits on (a stream cut, a shadow disagreement). Under
+    /// `block` a full queue sends it to the overflow queue (as large as the queue, and taken by
+    /// the same writer), and only when that is full too is it dropped and counted; under `drop`
+    /// a full queue drops and counts it. After [`Audit::close`] it is dropped and counted.
     pub fn submit_detached(self: &Arc<Self>, draft: Draft) {
-        let Err(TrySendError::Full(msg)) = self.tx.try_send(Box::new(draft)) else { return };
-        self.metrics.queue_full.inc();
-        if self.on_full == OnFull::Drop || tokio::runtime::Handle::try_current().is_err() {
+        let draft = match self.tx.try_send(Box::new(draft)) {
+            Ok(()) => return self.nudge(),
+            Err(TrySendError::Full(draft)) => {
+                self.metrics.queue_full.inc();
+                draft
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.metrics.dropped.inc();
+                return;
+            }
+        };
+        if self.on_full == OnFull::Drop {
             self.metrics.dropped.inc();
             return;
         }
-        let tx = self.tx.clone();
-        tokio::spawn(async move {
-            let mut msg = msg;
-            loop {
-                match tx.try_send(msg) {
-                    Ok(()) | Err(TrySendError::Disconnected(_)) => return,
-                    Err(TrySendError::Full(back)) => msg = back,
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        match self.overflow.try_send(draft) {
+            Ok(()) => self.nudge(),
+            Err(_) => {
+                self.metrics.dropped.inc();
+                tracing::warn!(
+                    "the audit trail's queue and overflow queue are full; a stream-cut or shadow record is dropped"
+                );
             }
-        });
+        }
     }
 
     /// Waits until every record queued before the call is committed (blocking).
@@ -218,6 +246,7 @@ impl Audit {
 
     /// Commits everything queued and stops the writer (blocking; for shutdown). Idempotent.
     pub fn close(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
         let _ = self.control.send(Control::Stop);
         if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = handle.join();
@@ -231,7 +260,7 @@ impl Audit {
 
     /// Sets the queue depth and backlog gauges (at each scrape).
     pub fn export(&self) {
-        self.metrics.queue_depth.set(self.tx.len() as i64);
+        self.metrics.queue_depth.set((self.tx.len() + self.overflow.len()) as i64);
         self.metrics.backlog.set(if self.shipping { self.backlog.get() as i64 } else { 0 });
     }
 

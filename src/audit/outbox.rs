@@ -24,6 +24,10 @@ pub trait Outbox: Send + Sync + 'static {
     fn unshipped(&self, limit: usize) -> anyhow::Result<Vec<Pending>>;
     /// Marks records shipped (after the broker acknowledged them).
     fn mark_shipped(&self, ids: &[i64]) -> anyhow::Result<()>;
+    /// Marks records the broker refused for good (too large, invalid): not shipped, and never
+    /// handed out again, so that they do not hold back the records behind them. They stay in
+    /// the local store only.
+    fn mark_refused(&self, ids: &[i64]) -> anyhow::Result<()>;
     /// Records waiting to be shipped.
     fn backlog(&self) -> anyhow::Result<u64>;
 }
@@ -62,7 +66,27 @@ impl SqliteOutbox {
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Sets the `shipped` column of unshipped records to `state`, in one transaction.
+    fn mark(&self, ids: &[i64], state: i64) -> anyhow::Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut changed = 0;
+        {
+            let mut stmt = tx.prepare_cached("UPDATE records SET shipped = ?2 WHERE id = ?1 AND shipped = 0")?;
+            for id in ids {
+                changed += stmt.execute([*id, state])? as u64;
+            }
+        }
+        tx.commit()?;
+        self.backlog.sub(changed);
+        Ok(())
+    }
 }
+
+/// The `shipped` column: 0 waiting, 1 acknowledged by the broker, 2 refused by it for good.
+const SHIPPED: i64 = 1;
+const REFUSED: i64 = 2;
 
 impl Outbox for SqliteOutbox {
     fn unshipped(&self, limit: usize) -> anyhow::Result<Vec<Pending>> {
@@ -76,18 +100,11 @@ impl Outbox for SqliteOutbox {
     }
 
     fn mark_shipped(&self, ids: &[i64]) -> anyhow::Result<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let mut changed = 0;
-        {
-            let mut stmt = tx.prepare_cached("UPDATE records SET shipped = 1 WHERE id = ?1 AND shipped = 0")?;
-            for id in ids {
-                changed += stmt.execute([id])? as u64;
-            }
-        }
-        tx.commit()?;
-        self.backlog.sub(changed);
-        Ok(())
+        self.mark(ids, SHIPPED)
+    }
+
+    fn mark_refused(&self, ids: &[i64]) -> anyhow::Result<()> {
+        self.mark(ids, REFUSED)
     }
 
     fn backlog(&self) -> anyhow::Result<u64> {
@@ -116,5 +133,11 @@ mod tests {
         outbox.mark_shipped(&[first[0].id]).unwrap();
         assert_eq!(outbox.backlog().unwrap(), 2, "marking twice counts once");
         assert_eq!(outbox.unshipped(10).unwrap().iter().map(|p| p.key.clone()).collect::<Vec<_>>(), ["r3", "r4"]);
+        outbox.mark_refused(&[outbox.unshipped(1).unwrap()[0].id]).unwrap();
+        assert_eq!(outbox.backlog().unwrap(), 1, "a refused record no longer waits");
+        assert_eq!(outbox.unshipped(10).unwrap().iter().map(|p| p.key.clone()).collect::<Vec<_>>(), ["r4"]);
+        let refused: i64 =
+            store.connection().query_row("SELECT COUNT(*) FROM records WHERE shipped = 2", [], |r| r.get(0)).unwrap();
+        assert_eq!(refused, 1, "kept in the store, marked refused rather than shipped");
     }
 }

@@ -49,6 +49,11 @@ pub struct ModelRef {
 /// One decision, as the audit trail keeps it. Field by field: docs/operations.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditRecord {
+    /// This record's own id, a UUIDv7 (time-ordered, unique across restarts and replicas): what
+    /// a consumer de-duplicates by when a record arrives twice. Records written before it
+    /// existed read as empty.
+    #[serde(default)]
+    pub record_id: String,
     pub request_id: String,
     /// When the decision was made, ms since the Unix epoch.
     pub unix_ms: u64,
@@ -113,6 +118,15 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A UUIDv7 (RFC 9562) for a record decided at `unix_ms`: the time, then 74 random bits —
+/// taken from a v4, the generator this build has — so that ids sort by time and do not repeat
+/// across restarts or instances.
+fn record_id(unix_ms: u64) -> String {
+    let random = uuid::Uuid::new_v4();
+    let bytes: &[u8; 10] = random.as_bytes()[..10].try_into().expect("a UUID has 16 bytes");
+    uuid::Builder::from_unix_timestamp_millis(unix_ms, bytes).into_uuid().to_string()
+}
+
 impl Draft {
     /// The draft of a decision (classify, screen, shadow).
     pub fn decided(kind: Kind, route: Option<&str>, model: ModelRef, d: &Decision) -> Draft {
@@ -150,6 +164,8 @@ impl Draft {
             self.path.iter().map(|s| serde_json::to_value(s).unwrap_or_default()).collect();
         path.extend(self.note);
         AuditRecord {
+            // Made once per record on the writer thread; a retried commit keeps it.
+            record_id: record_id(self.unix_ms),
             request_id: self.request_id,
             unix_ms: self.unix_ms,
             kind: self.kind,

@@ -133,6 +133,34 @@ impl Store {
         conn.with_context(|| format!("reading the audit store {}", path.display()))
     }
 
+    /// Copies the store in `dir` to the new file `out` as one consistent snapshot, while a
+    /// server may be writing it: SQLite's `VACUUM INTO` through a read-only connection, which
+    /// reads a WAL snapshot and never takes the write lock, so the writer's commits go on
+    /// meanwhile. Written to a temporary name beside `out` and renamed, so that `out` is either
+    /// absent or complete. Returns the records copied.
+    ///
+    /// Errors: `out` exists, its directory cannot be written, or `dir` is not an audit store.
+    pub fn backup(dir: &Path, out: &Path) -> anyhow::Result<u64> {
+        anyhow::ensure!(!out.exists(), "{} exists: give a new file for the backup", out.display());
+        let conn = Self::open_read_only(dir)?;
+        let name = out.file_name().with_context(|| format!("{} names no file", out.display()))?;
+        let partial = out.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+        let _ = std::fs::remove_file(&partial);
+        let copied = conn
+            .execute("VACUUM INTO ?1", [partial.to_string_lossy()])
+            .with_context(|| format!("backing up {} into {}", dir.join(DB_FILE).display(), partial.display()));
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        let records: i64 = Connection::open_with_flags(&partial, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM records", [], |r| r.get(0)))
+            .with_context(|| format!("reading the backup {}", partial.display()))?;
+        std::fs::rename(&partial, out)
+            .with_context(|| format!("renaming {} to {}", partial.display(), out.display()))?;
+        Ok(records as u64)
+    }
+
     /// The connection if it reads an audit store: the `records` table is there.
     fn probe(conn: rusqlite::Result<Connection>) -> anyhow::Result<Connection> {
         let conn = conn?;

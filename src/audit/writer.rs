@@ -3,6 +3,12 @@
 //! since the first record of the batch arrived, or `flush_max_records` wait, whichever is first —
 //! and runs retention every `retention_interval_ms`. The only writer of the store's records.
 //!
+//! A failed commit (the store locked by another connection past its busy timeout, a full disk)
+//! is retried with backoff until it succeeds: the batch is kept, the queue backs up behind it,
+//! and once it is full the request path refuses under `on_full = "block"` — no answered request
+//! loses its record. Only after [`super::Audit::close`] is a failing commit given up, after
+//! [`STOP_RETRY`], and its records counted dropped, so that a dead disk cannot hold a shutdown.
+//!
 //! Records and control messages travel apart: the writer wakes for the first record of a batch,
 //! then sleeps until the batch is due and takes everything queued at once, so a busy server
 //! pays one wake-up per flush rather than a futex wake and a context switch per decision. Control
@@ -15,6 +21,7 @@ use super::text::TextPolicy;
 use super::AuditMetrics;
 use crate::metrics::KindLabels;
 use crossbeam_channel::{select, Receiver};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +41,10 @@ pub(super) enum Control {
 
 pub(super) struct Writer {
     pub records: Receiver<Box<Draft>>,
+    /// Records no response waits on that found `records` full.
+    pub overflow: Receiver<Box<Draft>>,
+    /// [`super::Audit::close`] was called: a failing commit is given up after [`STOP_RETRY`].
+    pub stopping: Arc<AtomicBool>,
     pub control: Receiver<Control>,
     pub store: Store,
     pub text: TextPolicy,
@@ -45,30 +56,26 @@ pub(super) struct Writer {
     pub metrics: AuditMetrics,
 }
 
-/// A failed commit is tried this many times before its records are dropped (and counted).
-const COMMIT_ATTEMPTS: u32 = 3;
+/// After [`super::Audit::close`], a commit that keeps failing is given up after this long and
+/// its records counted dropped: a shutdown must end even on a dead disk.
+const STOP_RETRY: Duration = Duration::from_secs(30);
 
-/// The writer thread's nice value. Its work (rendering, SQLite commits) is deferred bookkeeping
-/// that no response waits on, so on a CPU-bound server it yields to the tiers' workers and the
-/// runtime (CFS weight 110 against 1024 at nice 0) and catches up in their idle time; the
-/// bounded queue absorbs the lag (`queue_capacity`, 8192 records by default: half a minute at
-/// 280 decisions/s with the writer fully starved).
-const WRITER_NICE: libc::c_int = 10;
+/// The first pause between failed commits; it doubles up to [`RETRY_MAX`]. Each attempt itself
+/// waits up to the store's busy timeout for another connection's lock.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// Lowers the calling thread's priority to [`WRITER_NICE`]. Linux keeps a nice value per thread
-/// (setpriority(2), NOTES), so this leaves the rest of the process alone. Best effort: a failure
-/// is logged and the writer runs at normal priority.
-fn lower_own_priority() {
-    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, WRITER_NICE) };
-    if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "audit writer keeps normal priority");
-    }
-}
+/// A commit that keeps failing is logged again at this interval, not at every attempt.
+const RETRY_LOG_EVERY: Duration = Duration::from_secs(30);
+
+// The writer runs at the process's priority. It once ran at nice 10, as bookkeeping no response
+// waits on; but on a CPU-bound server a starved writer let the queue hold tens of seconds of
+// decisions, all lost to a SIGKILL, and then filled it (503s). Its cost is small (one wake-up
+// and one transaction per flush), and the crash bound — one `flush_interval_ms` — needs it to
+// keep up.
 
 impl Writer {
     pub(super) fn run(mut self) {
-        lower_own_priority();
         let mut batch: Vec<Draft> = Vec::with_capacity(self.flush_max);
         let mut due: Option<Instant> = None;
         let mut next_retention = Instant::now();
@@ -84,6 +91,14 @@ impl Writer {
                 // Idle: the first record starts a batch.
                 None => select! {
                     recv(self.records) -> draft => match draft {
+                        Ok(draft) => {
+                            batch.push(*draft);
+                            due = Some(Instant::now() + self.flush_every);
+                            continue;
+                        }
+                        Err(_) => Control::Stop,
+                    },
+                    recv(self.overflow) -> draft => match draft {
                         Ok(draft) => {
                             batch.push(*draft);
                             due = Some(Instant::now() + self.flush_every);
@@ -119,7 +134,7 @@ impl Writer {
                 Control::Full => {}
                 Control::Stop => {
                     // Whatever raced in behind the stop is written too.
-                    while !self.records.is_empty() {
+                    while !self.records.is_empty() || !self.overflow.is_empty() {
                         self.flush(&mut batch);
                     }
                     tracing::info!("audit writer stopped: every queued record is committed");
@@ -133,8 +148,10 @@ impl Writer {
     /// of `flush_max`), retrying a failed commit.
     fn flush(&mut self, batch: &mut Vec<Draft>) {
         // At most a queue's worth, so that senders outpacing the writer cannot keep it here.
-        let queued = self.records.len();
-        batch.extend(self.records.try_iter().take(queued).map(|draft| *draft));
+        for queue in [&self.records, &self.overflow] {
+            let queued = queue.len();
+            batch.extend(queue.try_iter().take(queued).map(|draft| *draft));
+        }
         while !batch.is_empty() {
             let take = batch.len().min(self.flush_max);
             let started = Instant::now();
@@ -142,29 +159,53 @@ impl Writer {
             self.commit(&records);
             self.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
         }
-        self.metrics.queue_depth.set(self.records.len() as i64);
+        self.metrics.queue_depth.set((self.records.len() + self.overflow.len()) as i64);
     }
 
+    /// Commits `records`, retrying with backoff until it succeeds (the batch is held meanwhile
+    /// and the queue backs up behind it); after a stop was asked, for [`STOP_RETRY`] at most.
     fn commit(&mut self, records: &[AuditRecord]) {
-        for attempt in 1..=COMMIT_ATTEMPTS {
-            match self.store.insert(records) {
-                Ok(()) => {
-                    for r in records {
-                        self.metrics.records.get_or_create(&KindLabels { kind: r.kind.as_str() }).inc();
-                    }
-                    self.backlog.add(records.len() as u64);
+        let started = Instant::now();
+        let mut logged: Option<Instant> = None;
+        let mut pause = RETRY_FIRST;
+        let mut stop_deadline: Option<Instant> = None;
+        for attempt in 1u64.. {
+            let e = match self.store.insert(records) {
+                Ok(()) => return self.committed(records, attempt, started),
+                Err(e) => e,
+            };
+            if self.stopping.load(Ordering::Relaxed) {
+                let deadline = *stop_deadline.get_or_insert_with(|| Instant::now() + STOP_RETRY);
+                if Instant::now() >= deadline {
+                    tracing::error!(error = %format!("{e:#}"), records = records.len(), path = %self.store.path().display(),
+                        "audit commit failed at shutdown; the records are dropped (tiergate_audit_dropped_total)");
+                    self.metrics.dropped.inc_by(records.len() as u64);
                     return;
                 }
-                Err(e) if attempt < COMMIT_ATTEMPTS => {
-                    tracing::warn!(error = %format!("{e:#}"), attempt, "audit commit failed; retrying");
-                    std::thread::sleep(Duration::from_millis(100 * attempt as u64));
-                }
-                Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), records = records.len(), path = %self.store.path().display(),
-                        "audit commit failed; the records are dropped (tiergate_audit_dropped_total)");
-                    self.metrics.dropped.inc_by(records.len() as u64);
-                }
             }
+            if logged.is_none_or(|at| at.elapsed() >= RETRY_LOG_EVERY) {
+                tracing::error!(error = %format!("{e:#}"), attempt, records = records.len(), path = %self.store.path().display(),
+                    "audit commit failed; retrying (the queue backs up, then requests are refused or dropped as [audit] on_full says)");
+                logged = Some(Instant::now());
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Counts a committed batch (and says so when it took retries).
+    fn committed(&self, records: &[AuditRecord], attempts: u64, since: Instant) {
+        for r in records {
+            self.metrics.records.get_or_create(&KindLabels { kind: r.kind.as_str() }).inc();
+        }
+        self.backlog.add(records.len() as u64);
+        if attempts > 1 {
+            tracing::warn!(
+                attempts,
+                records = records.len(),
+                secs = since.elapsed().as_secs_f64(),
+                "audit commit succeeded after retries"
+            );
         }
     }
 

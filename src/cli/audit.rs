@@ -1,5 +1,6 @@
 //! `tiergate audit`: reads the audit store (`[audit] dir`) with filters and prints the records as
-//! JSON lines, oldest first, or their count. Needs no running tiergate.
+//! JSON lines, oldest first, or their count; `tiergate audit backup` copies the live store. Needs
+//! no running tiergate, and holds no write lock on a running one's store.
 
 use super::time;
 use anyhow::Context as _;
@@ -13,10 +14,13 @@ use tiergate::audit::store::Store;
 /// Times are RFC 3339 (`2026-12-01T10:00:00Z`, `2026-12-01T11:00:00+01:00`), unix ms, or a
 /// duration back from now (`90s`, `15m`, `1.5h`, `2d`, `1h 30m`).
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<AuditCommand>,
     /// The audit data directory (`[audit] dir`), holding audit.db.
-    #[arg(long, env = "TIERGATE_AUDIT_DIR")]
-    pub dir: PathBuf,
+    #[arg(long, env = "TIERGATE_AUDIT_DIR", required = true)]
+    pub dir: Option<PathBuf>,
     /// Only the records of this request id.
     #[arg(long)]
     pub request_id: Option<String>,
@@ -50,7 +54,29 @@ pub struct Args {
     pub count: bool,
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum AuditCommand {
+    /// Copy the store, while tiergate runs, into one consistent snapshot file (SQLite's
+    /// `VACUUM INTO` through a read-only connection: the writer is never locked out). The copy
+    /// is an audit store of its own: `tiergate audit --dir` reads a directory holding it as
+    /// audit.db.
+    Backup {
+        /// The audit data directory (`[audit] dir`), holding audit.db.
+        #[arg(long, env = "TIERGATE_AUDIT_DIR")]
+        dir: PathBuf,
+        /// The file to write; it must not exist yet.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(AuditCommand::Backup { dir, out }) = args.command {
+        let records = Store::backup(&dir, &out)?;
+        println!("wrote {} ({records} records)", out.display());
+        return Ok(());
+    }
+    let dir = args.dir.context("--dir (the `[audit] dir`) is required")?;
     let now = std::time::SystemTime::now();
     let since_ms = args.since.as_deref().map(|t| time::parse("--since", t, now)).transpose()?;
     let until_ms = args.until.as_deref().map(|t| time::parse("--until", t, now)).transpose()?;
@@ -69,7 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         rule: args.rule,
         limit: args.limit,
     };
-    let conn = Store::open_read_only(&args.dir)?;
+    let conn = Store::open_read_only(&dir)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let printed = if args.count {
         let n = query::count(&conn, &filter)?;

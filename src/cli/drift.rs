@@ -193,6 +193,10 @@ fn make_reference(data: &Path, out: &Path, config: Option<PathBuf>) -> anyhow::R
     config.shadow = Default::default();
     // The reference being remade may be stale or absent: the monitor is not needed here.
     config.drift.enabled = false;
+    // The reference's decisions are not traffic: no audit trail. Opening `[audit]` here would
+    // make this command a second writer (and, with `[audit.kafka]`, a second shipper) of the live
+    // server's store, running retention and shipping its records twice.
+    config.audit = None;
     let text = std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let reference = runtime.block_on(async {

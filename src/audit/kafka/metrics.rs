@@ -21,6 +21,9 @@ pub struct KafkaMetrics {
     /// `tiergate_audit_kafka_backlog_records`: outbox records waiting to be shipped, as of the
     /// shipper's last poll.
     pub backlog: Gauge,
+    /// `tiergate_audit_dropped_total` (the audit trail's own, not registered here): a record
+    /// the broker refused is lost to the sink. The audit trail hands its counter in.
+    pub dropped: Counter,
 }
 
 impl KafkaMetrics {

@@ -12,6 +12,9 @@ use rskafka::record::Record;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The Kafka record header that carries the audit record's `record_id`.
+pub const RECORD_ID_HEADER: &str = "tiergate-record-id";
+
 /// The seed of Kafka's `Utils.murmur2`, which its default partitioner hashes keys with.
 const KAFKA_MURMUR2_SEED: u32 = 0x9747_b28c;
 
@@ -149,11 +152,10 @@ enum Sent {
 fn refusal(error: &ClientError) -> Option<ProtocolError> {
     match error {
         ClientError::ServerError {
+            // Not CORRUPT_MESSAGE: Kafka marks it retriable (a CRC broken on the wire, not a
+            // record the broker will never take), so it is retried like a lost connection.
             protocol_error:
-                e @ (ProtocolError::MessageTooLarge
-                | ProtocolError::RecordListTooLarge
-                | ProtocolError::InvalidRecord
-                | ProtocolError::CorruptMessage),
+                e @ (ProtocolError::MessageTooLarge | ProtocolError::RecordListTooLarge | ProtocolError::InvalidRecord),
             ..
         } => Some(*e),
         _ => None,
@@ -217,15 +219,20 @@ pub fn partition_for(key: &[u8], partitions: usize) -> usize {
 /// The Kafka record of an outbox record: key the request id, value the record's JSON, time
 /// the decision's `unix_ms` (the ship time if the JSON has none).
 fn record(pending: &Pending) -> Record {
-    #[derive(serde::Deserialize)]
-    struct Time {
+    #[derive(serde::Deserialize, Default)]
+    struct Fields {
         unix_ms: Option<i64>,
+        record_id: Option<String>,
     }
-    let unix_ms = serde_json::from_slice::<Time>(&pending.payload).ok().and_then(|t| t.unix_ms).unwrap_or_else(now_ms);
+    let fields = serde_json::from_slice::<Fields>(&pending.payload).unwrap_or_default();
+    let unix_ms = fields.unix_ms.unwrap_or_else(now_ms);
+    // The record's own id as a header too, so that a consumer can de-duplicate without parsing.
+    let headers =
+        fields.record_id.filter(|id| !id.is_empty()).map(|id| (RECORD_ID_HEADER.to_string(), id.into_bytes()));
     Record {
         key: Some(pending.key.clone().into_bytes()),
         value: Some(pending.payload.clone()),
-        headers: BTreeMap::new(),
+        headers: headers.into_iter().collect(),
         timestamp: DateTime::<Utc>::from_timestamp_millis(unix_ms).unwrap_or_default(),
     }
 }
@@ -275,5 +282,6 @@ mod tests {
         assert_eq!(refusal(&server(ProtocolError::MessageTooLarge)), Some(ProtocolError::MessageTooLarge));
         assert_eq!(refusal(&server(ProtocolError::NotLeaderOrFollower)), None);
         assert_eq!(refusal(&server(ProtocolError::UnknownTopicOrPartition)), None);
+        assert_eq!(refusal(&server(ProtocolError::CorruptMessage)), None, "retriable in Kafka");
     }
 }

@@ -112,23 +112,30 @@ impl Shipper {
         Ok(done)
     }
 
-    /// Marks what the broker acknowledged, and what it refused for good (logged and counted:
-    /// retrying cannot ship it, and it would hold back every later record), as shipped.
+    /// Marks what the broker acknowledged as shipped, and what it refused for good as refused
+    /// (logged, and counted as dropped: it never reaches the topic; retrying cannot ship it, and
+    /// it would hold back every later record). Returns how many records left the backlog.
     async fn settle(&self, produced: &Produced) -> Result<usize, Failure> {
         for r in &produced.rejected {
             tracing::error!(
                 request_id = %r.request_id,
                 reason = %r.reason,
-                "audit kafka: the broker refused a record; it stays in the local store only"
+                "audit kafka: the broker refused a record; it stays in the local store only (tiergate_audit_dropped_total)"
             );
         }
-        self.metrics.shipped.inc_by(produced.acked.len() as u64);
-        self.metrics.rejected.inc_by(produced.rejected.len() as u64);
-        let ids: Vec<i64> = produced.acked.iter().copied().chain(produced.rejected.iter().map(|r| r.id)).collect();
-        let done = ids.len();
-        if done > 0 {
+        let acked = produced.acked.clone();
+        let refused: Vec<i64> = produced.rejected.iter().map(|r| r.id).collect();
+        let done = acked.len() + refused.len();
+        if !acked.is_empty() {
             // A failure here re-ships these records later: at least once, never lost.
-            self.blocking(move |outbox| outbox.mark_shipped(&ids)).await.map_err(Failure::Outbox)?;
+            self.blocking(move |outbox| outbox.mark_shipped(&acked)).await.map_err(Failure::Outbox)?;
+        }
+        self.metrics.shipped.inc_by(produced.acked.len() as u64);
+        if !refused.is_empty() {
+            let n = refused.len() as u64;
+            self.blocking(move |outbox| outbox.mark_refused(&refused)).await.map_err(Failure::Outbox)?;
+            self.metrics.rejected.inc_by(n);
+            self.metrics.dropped.inc_by(n);
         }
         Ok(done)
     }
@@ -191,5 +198,50 @@ async fn pause(stop: &mut watch::Receiver<bool>, wait: Duration) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(wait) => false,
         _ = stop.wait_for(|stopped| *stopped) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::kafka::session::Rejected;
+    use crate::audit::outbox::Pending;
+    use std::sync::Mutex;
+
+    /// Remembers what was marked how.
+    #[derive(Default)]
+    struct Marks {
+        shipped: Mutex<Vec<i64>>,
+        refused: Mutex<Vec<i64>>,
+    }
+
+    impl Outbox for Marks {
+        fn unshipped(&self, _: usize) -> anyhow::Result<Vec<Pending>> {
+            Ok(Vec::new())
+        }
+        fn mark_shipped(&self, ids: &[i64]) -> anyhow::Result<()> {
+            self.shipped.lock().unwrap().extend(ids);
+            Ok(())
+        }
+        fn mark_refused(&self, ids: &[i64]) -> anyhow::Result<()> {
+            self.refused.lock().unwrap().extend(ids);
+            Ok(())
+        }
+        fn backlog(&self) -> anyhow::Result<u64> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_the_broker_refuses_is_counted_dropped_and_not_marked_shipped() {
+        let outbox = Arc::new(Marks::default());
+        let metrics = KafkaMetrics::default();
+        let shipper = Shipper::new(KafkaConfig::default(), Arc::clone(&outbox) as Arc<dyn Outbox>, metrics.clone());
+        let refused = Rejected { id: 2, request_id: "r2".into(), reason: "MessageTooLarge".into() };
+        let produced = Produced { acked: vec![1, 3], rejected: vec![refused], error: None };
+        assert_eq!(shipper.settle(&produced).await.ok(), Some(3), "three records left the backlog");
+        assert_eq!(*outbox.shipped.lock().unwrap(), [1, 3]);
+        assert_eq!(*outbox.refused.lock().unwrap(), [2]);
+        assert_eq!((metrics.shipped.get(), metrics.rejected.get(), metrics.dropped.get()), (2, 1, 1));
     }
 }

@@ -8,6 +8,7 @@ use crate::audit::text::AuditText;
 /// A record with this request id and time, and some bulk (so that size limits bite).
 pub(crate) fn record(request_id: &str, unix_ms: u64) -> AuditRecord {
     AuditRecord {
+        record_id: format!("rec-{request_id}"),
         request_id: request_id.to_string(),
         unix_ms,
         kind: Kind::Classify,
@@ -102,4 +103,25 @@ fn with_a_sink_shipped_records_go_before_older_unshipped_ones() {
     let left = ids(&store);
     assert!(left[..500].iter().zip(0..).all(|(id, i)| *id == format!("r{i:04}")), "every unshipped record stays");
     assert_eq!(left.len() as u64 + deleted.by_size, 1000);
+}
+
+#[test]
+fn a_backup_is_a_consistent_copy_taken_while_another_connection_holds_the_write_lock() {
+    let mut store = fresh("backup");
+    store.insert(&(0..50).map(|i| record(&format!("r{i}"), i)).collect::<Vec<_>>()).unwrap();
+    let dir = store.path().parent().unwrap().to_path_buf();
+    // A writer mid-transaction (as the live server's writer is between BEGIN and COMMIT).
+    let writer = Connection::open(store.path()).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE; DELETE FROM records WHERE request_id = 'r0';").unwrap();
+    let out = dir.with_extension("backup.db");
+    let _ = std::fs::remove_file(&out);
+    let started = std::time::Instant::now();
+    assert_eq!(Store::backup(&dir, &out).unwrap(), 50, "the last committed state, not the open transaction");
+    assert!(started.elapsed() < BUSY_TIMEOUT / 2, "the backup waited for the write lock: {:?}", started.elapsed());
+    writer.execute_batch("COMMIT").unwrap();
+    let copy = Connection::open(&out).unwrap();
+    let n: i64 = copy.query_row("SELECT COUNT(*) FROM records WHERE request_id = 'r0'", [], |r| r.get(0)).unwrap();
+    assert_eq!(n, 1);
+    let again = Store::backup(&dir, &out).unwrap_err().to_string();
+    assert!(again.contains("exists"), "an existing file is not overwritten: {again}");
 }

@@ -57,7 +57,7 @@ impl SharedQuotaMetrics {
         );
         registry.register(
             "quota_store_reconciled",
-            "Requests admitted by the local fallback while Redis was out of reach, charged to the shared cell once it answered",
+            "Requests the local fallback admitted while Redis was out of reach, charged to Redis once it answered",
             metrics.reconciled.clone(),
         );
         registry.register("quota_store_up", "1 while the shared quota store (Redis) answers", metrics.up.clone());

@@ -7,10 +7,10 @@
 //! this replica's share of the rate and carries what it admitted back to Redis when it answers
 //! (one budget, not two cells that refill while the other is in use: see its module doc); a
 //! daily budget by this replica's local store at the budget divided by the replica count. A
-//! circuit breaker (`crate::tier::breaker`, the one
-//! the tiers use) keeps a dead Redis from costing every request a failed round trip: after
-//! `failure_threshold` consecutive failures checks stay off Redis for `open_ms`, then one check
-//! probes it. Connecting happens in the background; a request never waits for a connect.
+//! circuit breaker (`crate::tier::breaker`, the one the tiers use) keeps a dead Redis from
+//! costing every request a failed round trip: after `failure_threshold` consecutive failures
+//! checks stay off Redis for `open_ms`, then one check probes it. Connecting happens in the
+//! background; a request never waits for a connect.
 
 pub mod config;
 pub mod metrics;
@@ -102,8 +102,9 @@ struct Link {
 
 impl SharedQuotas {
     /// A store for `config` (validated here too) that takes the `on_outage = "local"` path
-    /// through its rate mirror and, for daily budgets, `fallback`. Connects lazily, in the background, on the first check: Redis being
-    /// down at start-up is an outage like any other, not a start-up error.
+    /// through its rate mirror and, for daily budgets, `fallback`. Connects lazily, in the
+    /// background, on the first check: Redis being down at start-up is an outage like any
+    /// other, not a start-up error.
     pub fn new(
         config: &RedisConfig,
         fallback: Arc<dyn QuotaStore>,

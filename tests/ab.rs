@@ -1,7 +1,9 @@
 //! A live A/B test against the real binary: a candidate policy that blocks everything takes
 //! half of the sticky keys, decides for real, is rolled back automatically once its block rate
 //! leaves the band around the live policy's, and afterwards decides nothing; the rollback shows
-//! in `GET /admin/policy` and in `/metrics`. Also the `[ab]` section's strictness.
+//! in `GET /admin/policy` and in `/metrics`. The sticky key needs an authenticated tenant: a
+//! client without one cannot pick its arm by sending keys or naming tenants. Also the `[ab]`
+//! section's strictness, relative bands included.
 
 mod common;
 
@@ -26,8 +28,18 @@ fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// The API key of tenant `acme` (its SHA-256 is in the config).
+const API_KEY: &str = "ab-test-key";
+
+/// The arm the candidate's share gives `key` of the authenticated tenant `acme`: the sticky key
+/// is the tenant and the header together (spelt out here rather than taken from tiergate).
+fn arm_of_acme(key: &str) -> Arm {
+    arm_of(&format!("acme\n{key}"), 0.5)
+}
+
+/// A request of the authenticated tenant `acme` with the key header `key`.
 async fn classify(addr: SocketAddr, key: &str) -> Value {
-    classify_with(addr, &[("x-ab-key", key)]).await
+    classify_with(addr, &[("x-api-key", API_KEY), ("x-ab-key", key)]).await
 }
 
 /// `POST /v1/classify` of [`BENIGN`] with a 5 s deadline and `extra` headers; must be decided.
@@ -54,7 +66,9 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n\
          [ab]\ndir = \"{}\"\nshare = 0.5\nsticky = \"header\"\nkey_header = \"x-ab-key\"\nblock_band = 0.2\n\
-         min_samples = 5\nwindow_s = 60\nbreach_for_s = 0\n",
+         min_samples = 5\nwindow_s = 60\nbreach_for_s = 0\n\
+         [tenants]\naccept_claimed = true\n[tenants.known]\nacme = \"default\"\n\
+         [tenants.api_keys]\n\"2f92845518aab11b622f37edb67bcca73d8aabb6d1771b11ff2cde5c159c2840\" = \"acme\"\n",
         common::repo().join("models").display(),
         common::repo().join("policies").display(),
         candidate.display(),
@@ -68,9 +82,29 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     // The live policy decides a request without a key, and one naming a scenario the candidate
     // lacks even when its key is the candidate's (the bundled `payments` is live-only here).
     assert_eq!(classify_with(public, &[]).await["arm"], "live");
-    let theirs = (0..100).map(|i| format!("probe-{i}")).find(|k| arm_of(k, 0.5) == Arm::Candidate).unwrap();
-    let d = classify_with(public, &[("x-ab-key", &theirs), ("x-tiergate-scenario", "payments")]).await;
+    let theirs = (0..100).map(|i| format!("probe-{i}")).find(|k| arm_of_acme(k) == Arm::Candidate).unwrap();
+    let d =
+        classify_with(public, &[("x-api-key", API_KEY), ("x-ab-key", &theirs), ("x-tiergate-scenario", "payments")])
+            .await;
     assert_eq!((d["arm"].as_str(), d["scenario"].as_str()), (Some("live"), Some("payments")), "{d}");
+
+    // Without an authenticated tenant no key counts: a client sending any key it likes, or
+    // naming a tenant (a claim, accepted for its name only), never reaches the candidate. Half
+    // of these keys are in the candidate's share by their own hash, and acme's keys with it.
+    for i in 0..24 {
+        let key = format!("pick-{i}");
+        let bare = classify_with(public, &[("x-ab-key", &key)]).await;
+        assert_eq!(bare["arm"], "live", "an unauthenticated key {key} ({:?} by its hash): {bare}", arm_of(&key, 0.5));
+        let body = json!({"text": BENIGN, "tenant": "acme"}).to_string();
+        let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000"), ("x-ab-key", &key)];
+        let claimed = common::send(public, "POST", "/v1/classify", &headers, body).await.json();
+        assert_eq!(
+            claimed["arm"],
+            "live",
+            "a claimed tenant with key {key} ({:?} for acme): {claimed}",
+            arm_of_acme(&key)
+        );
+    }
 
     let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
     let mut by_candidate = Vec::new();
@@ -79,6 +113,7 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
         match d["arm"].as_str() {
             Some("candidate") => {
                 assert_eq!((d["action"].as_str(), &d["policy_version"]), (Some("block"), &candidate_version), "{d}");
+                assert_eq!(arm_of_acme(key), Arm::Candidate, "{key}: the arm of acme's key");
                 by_candidate.push(key.clone());
             }
             Some("live") => assert_eq!(d["policy_version"], live_version, "{d}"),
@@ -138,6 +173,13 @@ fn the_ab_section_is_strict_and_its_errors_name_the_key() {
     assert_eq!(invalid("[ab]\nshare = 1.5\n"), "`ab.share` must be in [0, 1], got 1.5");
     assert_eq!(invalid("[ab]\nblock_band = -0.1\n"), "`ab.block_band` must be in [0, 1], got -0.1");
     assert_eq!(invalid("[ab]\nmin_samples = 0\n"), "`ab.min_samples` must be at least 1");
+    for key in ["block_relative_band", "fallback_relative_band", "error_relative_band"] {
+        for bad in ["-0.5", "50.0", "nan"] {
+            let e = invalid(&format!("[ab]\n{key} = {bad}\n"));
+            assert!(e.starts_with(&format!("`ab.{key}` must be in [0, 10]")), "{key} = {bad}: {e}");
+        }
+        Config::parse(&format!("[ab]\n{key} = 2.0\n")).unwrap().validate().expect("a rate may triple");
+    }
     assert_eq!(
         invalid("[ab]\nkey_header = \"bad header\"\n"),
         "`ab.key_header` is not a valid header name: `bad header`"

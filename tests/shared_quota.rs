@@ -1,6 +1,6 @@
 //! `SharedQuotas` against a real Redis server (tests/common/redis.rs): the GCRA script's burst,
 //! refill and retry-after, the daily budget, one round trip per check, and the outage paths
-//! (Redis killed, frozen, restarted).
+//! (Redis killed, frozen, restarted), with what the fallback admitted charged to Redis after.
 
 mod common;
 
@@ -164,6 +164,55 @@ async fn killed_redis_falls_back_to_the_replica_share_and_recovers_after_restart
     assert_eq!(fallbacks(&metrics, "rate", "local"), before, "decided by Redis again");
     let exists: bool = redis::cmd("EXISTS").arg(store.rate_key("after")).query(&mut redis.client()).unwrap();
     assert!(exists, "the state is in Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_continues_the_shared_cell_and_charges_it_when_redis_is_back() {
+    let mut redis = Redis::start();
+    let (store, metrics) = store(&redis, OnOutage::Local, 1).await;
+    // 1/s: the test's own pauses (seconds on a loaded machine) refill only a few requests.
+    let quota = Quota { per_second: 1, burst: 20 };
+    for i in 0..10 {
+        store.check_rate("k", quota).await.unwrap_or_else(|d| panic!("shared burst {i}: {d:?}"));
+    }
+    redis.stop();
+    let outage = std::time::Instant::now();
+    // The fallback continues from Redis's TAT: the 10 left of the burst (plus what refilled
+    // meanwhile), not a fresh burst of 20.
+    let mut local: u64 = 0;
+    while store.check_rate("k", quota).await.is_ok() {
+        local += 1;
+        assert!(local <= 40, "the fallback keeps admitting");
+    }
+    let refill = outage.elapsed().as_secs() + 2;
+    assert!((10..=10 + refill).contains(&local), "{local} admitted locally; 10 + {refill} s of refill at most");
+
+    redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = store.check_rate("probe", Quota { per_second: 1000, burst: 1000 }).await;
+        if store.circuit() == CircuitState::Closed && metrics.up.get() == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no recovery within 10 s: {:?}", store.circuit());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The restarted Redis is empty, but the first check of `k` carries the local admissions:
+    // the cell stays spent, with only what refilled since the outage began.
+    let before = fallbacks(&metrics, "rate", "local");
+    // The probes' own local admissions were carried by the probe that Redis answered.
+    let reconciled = metrics.reconciled.get();
+    let mut after = 0;
+    while store.check_rate("k", quota).await.is_ok() {
+        after += 1;
+        assert!(after <= 40, "Redis keeps admitting");
+    }
+    assert_eq!(fallbacks(&metrics, "rate", "local"), before, "decided by Redis");
+    let refill = outage.elapsed().as_secs() + 2;
+    assert!(after <= refill, "{after} admitted by the restarted Redis: a fresh burst, not {refill} s of refill");
+    assert_eq!(metrics.reconciled.get() - reconciled, local, "every local admission of `k` was charged to Redis");
+    let pttl: i64 = redis::cmd("PTTL").arg(store.rate_key("k")).query(&mut redis.client()).unwrap();
+    assert!(pttl > 15_000, "Redis holds the debt of the burst: PTTL {pttl} ms");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,9 @@
 //! A live A/B test (`[ab]` in config): a candidate policy decides a share of `/v1/classify`
-//! traffic for real, sticky per key (the tenant or a request header, hashed: [`band::arm_of`]),
+//! traffic for real, sticky per key (the authenticated tenant, or a request header within it,
+//! hashed: [`band::sticky_key`], [`band::arm_of`]),
 //! with both arms' outcomes counted apart (`tiergate_ab_*{arm="live"|"candidate"}`). When the
-//! candidate's block, fallback or error rate stays out of its band around the live policy's for
+//! candidate's block, fallback or error rate stays out of its band around the live policy's
+//! (absolute, or relative to the live rate) for
 //! `breach_for_s`, it is rolled back: it takes no more traffic, the event is logged (warn),
 //! counted (`tiergate_ab_rollbacks_total`) and shown in `GET /admin/policy`. A reload that
 //! changes the candidate's version starts it again with fresh counts.
@@ -11,7 +13,7 @@
 
 pub mod band;
 
-use super::{AbConfig, Sticky};
+use super::AbConfig;
 use crate::decision::{Decision, TierName};
 use crate::error::ApiError;
 use crate::policy::{Limits, Policy, PolicyStore};
@@ -80,7 +82,8 @@ impl AbMetrics {
 /// Why and when the candidate was rolled back.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Rollback {
-    /// In words: `block rate 1.000 vs live 0.120 over 40 / 38 requests, band 0.10, for 0 s`.
+    /// In words: `block rate 1.000 vs live 0.120 over 40 / 38 requests, band 0.100, for 0 s`, or
+    /// `..., relative band 0.500 of the live rate, ...`.
     pub reason: String,
     /// Seconds since the Unix epoch.
     pub at_unix: f64,
@@ -131,6 +134,9 @@ impl Ab {
                 block: config.block_band,
                 fallback: config.fallback_band,
                 error: config.error_band,
+                block_relative: config.block_relative_band,
+                fallback_relative: config.fallback_relative_band,
+                error_relative: config.error_relative_band,
                 min_samples: config.min_samples,
             },
             config: config.clone(),
@@ -141,18 +147,17 @@ impl Ab {
         }))
     }
 
-    /// The arm of a request: the candidate for keys in its share while it is active and defines
-    /// the request's scenario; the live policy otherwise, and for requests without a key.
+    /// The arm of a request: the candidate for sticky keys in its share ([`band::sticky_key`]:
+    /// the authenticated tenant, with the key header under `sticky = "header"`) while it is
+    /// active and defines the request's scenario; the live policy otherwise, and for requests
+    /// without a key (unauthenticated or only claimed tenants: a client must not pick its arm).
     pub(super) fn arm(&self, req: &ClassifyRequest, headers: &http::HeaderMap) -> Arm {
         if !self.active.load(Ordering::Relaxed) {
             return Arm::Live;
         }
-        let key = match self.config.sticky {
-            Sticky::Tenant => req.tenant.as_deref().map(std::borrow::Cow::Borrowed),
-            Sticky::Header => {
-                headers.get(self.config.key_header.as_str()).map(|v| String::from_utf8_lossy(v.as_bytes()))
-            }
-        };
+        let tenant = req.identity.as_ref().and_then(|i| i.authenticated());
+        let header = headers.get(self.config.key_header.as_str()).map(|v| v.as_bytes());
+        let key = band::sticky_key(self.config.sticky, tenant, header);
         match key.map(|k| band::arm_of(&k, self.config.share)) {
             Some(Arm::Candidate) if self.policies.snapshot().scenario(req.scenario.as_deref()).is_ok() => {
                 Arm::Candidate
@@ -209,14 +214,17 @@ impl Ab {
         state.out_since_ms = since;
         let (true, Check::OutOfBand(breach)) = (fire, check) else { return };
         let held_s = now_ms.saturating_sub(since.unwrap_or(now_ms)) / 1000;
+        let band = match breach.band_kind {
+            band::BandKind::Absolute => format!("band {:.3}", breach.band),
+            band::BandKind::Relative => format!("relative band {:.3} of the live rate", breach.band),
+        };
         let reason = format!(
-            "{} rate {:.3} vs live {:.3} over {} / {} requests, band {:.3}, for {held_s} s",
+            "{} rate {:.3} vs live {:.3} over {} / {} requests, {band}, for {held_s} s",
             breach.measure.as_str(),
             breach.candidate_rate,
             breach.live_rate,
             breach.candidate_samples,
             breach.live_samples,
-            breach.band,
         );
         self.active.store(false, Ordering::Relaxed);
         self.metrics.active.set(0);
@@ -254,6 +262,9 @@ impl Ab {
             "share": self.config.share,
             "sticky": self.config.sticky,
             "bands": {"block": self.bands.block, "fallback": self.bands.fallback, "error": self.bands.error,
+                      "block_relative": self.bands.block_relative,
+                      "fallback_relative": self.bands.fallback_relative,
+                      "error_relative": self.bands.error_relative,
                       "min_samples": self.bands.min_samples, "window_s": self.config.window_s,
                       "breach_for_s": self.config.breach_for_s},
             "out_of_band_since_s": state.out_since_ms.map(|s| now_ms.saturating_sub(s) / 1000),

@@ -76,9 +76,11 @@ impl Default for AdmissionConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Sticky {
-    /// The request's tenant.
+    /// The request's authenticated tenant (API key, trusted header); a claimed or unknown
+    /// tenant has no key and is decided by the live policy.
     Tenant,
-    /// The value of `[ab] key_header`.
+    /// The value of `[ab] key_header` within the authenticated tenant (its app spreading its own
+    /// users over the arms); without an authenticated tenant, no key.
     Header,
 }
 
@@ -90,8 +92,8 @@ pub enum Sticky {
 pub struct AbConfig {
     /// The candidate's policy directory; unset: no A/B test.
     pub dir: Option<PathBuf>,
-    /// Share of sticky keys the candidate decides, [0, 1]. Requests without a key go to the
-    /// live policy.
+    /// Share of sticky keys the candidate decides, [0, 1]. Requests without a key (no
+    /// authenticated tenant: a client must not pick its arm) go to the live policy.
     pub share: f64,
     /// Where the sticky key comes from: `tenant` or `header`.
     pub sticky: Sticky,
@@ -104,6 +106,15 @@ pub struct AbConfig {
     pub fallback_band: f64,
     /// Largest allowed |candidate - live| server-error rate, [0, 1].
     pub error_band: f64,
+    /// Largest allowed |candidate - live| block rate as a share of the live block rate (0.5:
+    /// half of it, either way), judged only when the difference is beyond chance (three
+    /// standard errors); 0: off. Catches what an absolute band cannot: 0.12 -> 0.03 is inside
+    /// a band of 0.1 but a quarter of the live rate.
+    pub block_relative_band: f64,
+    /// The same for the rate of decisions rules made because no model verdict stood.
+    pub fallback_relative_band: f64,
+    /// The same for the server-error rate.
+    pub error_relative_band: f64,
     /// Requests each arm needs in the window before its rates are compared (at least 1).
     pub min_samples: u64,
     /// The window the rates are counted over, seconds (at least 1).
@@ -123,12 +134,18 @@ impl Default for AbConfig {
             block_band: 0.05,
             fallback_band: 0.1,
             error_band: 0.01,
+            block_relative_band: 0.5,
+            fallback_relative_band: 0.5,
+            error_relative_band: 0.0,
             min_samples: 200,
             window_s: 300,
             breach_for_s: 60,
         }
     }
 }
+
+/// Bound on an `[ab]` relative band: ten times the live rate.
+pub const MAX_RELATIVE_BAND: f64 = 10.0;
 
 impl AbConfig {
     /// Checks ranges; the error names the key.
@@ -141,6 +158,18 @@ impl AbConfig {
         ];
         if let Some((key, v)) = unit.iter().find(|(_, v)| !(0.0..=1.0).contains(v)) {
             return Err(format!("`{key}` must be in [0, 1], got {v}"));
+        }
+        // Relative to the live rate, so above 1 is meaningful (a rate may triple); a bound keeps
+        // a typo such as 50 (meant as 50 %) from turning the band off in effect.
+        let relative = [
+            ("ab.block_relative_band", self.block_relative_band),
+            ("ab.fallback_relative_band", self.fallback_relative_band),
+            ("ab.error_relative_band", self.error_relative_band),
+        ];
+        if let Some((key, v)) = relative.iter().find(|(_, v)| !(0.0..=MAX_RELATIVE_BAND).contains(v)) {
+            return Err(format!(
+                "`{key}` must be in [0, {MAX_RELATIVE_BAND}] (a share of the live rate; 0: off), got {v}"
+            ));
         }
         if self.min_samples == 0 {
             return Err("`ab.min_samples` must be at least 1".into());

@@ -102,6 +102,19 @@ pub struct Identity {
     pub state: Arc<TenantState>,
 }
 
+impl Identity {
+    /// The tenant's name when a configured source vouches for it (an API key, the trusted front
+    /// proxy's header, a proxy route's tenant); `None` for the request's own claim (accepted or
+    /// not) and for an unidentified request. For choices a client must not make by naming
+    /// itself, such as its A/B arm.
+    pub fn authenticated(&self) -> Option<&str> {
+        match self.source {
+            Source::ApiKey | Source::TrustedHeader | Source::Route => self.name.as_deref(),
+            Source::Claimed | Source::None => None,
+        }
+    }
+}
+
 /// The compiled `[tenants]` section: resolves identities.
 #[derive(Debug)]
 pub struct Tenants {

@@ -14,15 +14,6 @@ pub struct Quota {
     pub burst: u32,
 }
 
-impl Quota {
-    /// This replica's part of a fleet-wide quota, for when the shared state is out of reach:
-    /// rate and burst divided by `replicas`, rounded up, at least 1.
-    pub fn per_replica(self, replicas: u32) -> Quota {
-        let r = replicas.max(1);
-        Quota { per_second: self.per_second.div_ceil(r).max(1), burst: self.burst.div_ceil(r).max(1) }
-    }
-}
-
 /// Which limit refused a request and when to try again; becomes a 429 with `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denied {

@@ -1,9 +1,11 @@
-//! The A/B rollback decision as pure functions of windowed counts and a clock reading: which
-//! arm a sticky key falls in, the outcome counts of each arm over a sliding window, whether the
-//! candidate's block, fallback or error rate is outside its band around the live policy's, and
-//! whether it has been outside for long enough to roll back. No locks, no clock: the runtime
-//! ([`super::Ab`]) feeds them and acts on the answer.
+//! The A/B rollback decision as pure functions of windowed counts and a clock reading: a
+//! request's sticky key and which arm it falls in, the outcome counts of each arm over a sliding
+//! window, whether the candidate's block, fallback or error rate is outside its band around the
+//! live policy's (absolute, or relative to the live rate), and whether it has been outside for
+//! long enough to roll back. No locks, no clock: the runtime ([`super::Ab`]) feeds them and acts
+//! on the answer.
 
+use crate::gateway::Sticky;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -26,7 +28,26 @@ impl Arm {
     }
 }
 
-/// The arm of a sticky key (a tenant, or the configured key header's value): the first 8 bytes
+/// The sticky key of a request under `sticky`, from its `authenticated` tenant (a name a
+/// configured source vouches for: an API key, the trusted front proxy's header; never the
+/// client's own claim) and, under `sticky = "header"`, the key header's value within that
+/// tenant. `None` (the live policy decides) without an authenticated tenant.
+///
+/// Why the identity and not a keyed hash of a client-sent key: the response names its arm (and
+/// its policy version), so a client that may send any key finds one in the arm it wants in
+/// about 1/share tries, secret or not. Only a key the client cannot mint keeps it from choosing;
+/// within its own tenant a caller may spread its users over the arms (the header), which only
+/// moves its own traffic. Tenant names are 1 to 64 of `[A-Za-z0-9._-]`, so the separator
+/// (a newline) cannot be forged from the tenant side.
+pub fn sticky_key(sticky: Sticky, authenticated: Option<&str>, header: Option<&[u8]>) -> Option<String> {
+    let tenant = authenticated?;
+    match sticky {
+        Sticky::Tenant => Some(tenant.to_string()),
+        Sticky::Header => Some(format!("{tenant}\n{}", String::from_utf8_lossy(header?))),
+    }
+}
+
+/// The arm of a sticky key ([`sticky_key`]): the first 8 bytes
 /// of its SHA-256 as a fraction of 2^64, in the candidate's `share` when below it. The same key
 /// always lands in the same arm, in every replica and after restarts; raising the share only
 /// moves keys from live to candidate.
@@ -172,14 +193,37 @@ impl Window {
     }
 }
 
-/// How far each candidate rate may be from the live one (absolute difference, [0, 1]), and the
-/// samples both arms need in the window before the difference means anything.
+/// How far each candidate rate may be from the live one, and the samples both arms need in the
+/// window before the difference means anything.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bands {
+    /// Absolute bands: largest allowed |candidate - live|, [0, 1].
     pub block: f64,
     pub fallback: f64,
     pub error: f64,
+    /// Relative bands: largest allowed |candidate - live| as a share of the live rate (0.5:
+    /// half of it); 0: none. An absolute band alone misses a rate that collapses (0.12 -> 0.03
+    /// is inside 0.1) or multiplies while small.
+    pub block_relative: f64,
+    pub fallback_relative: f64,
+    pub error_relative: f64,
     pub min_samples: u64,
+}
+
+/// How many standard errors a difference must span before a relative band judges it: small
+/// live rates over small windows differ by chance by more than any useful share of themselves
+/// (1 % over 200 requests is 2 blocks; 4 would be +100 %). Three standard errors of the
+/// two-proportion test: about 1 in 370 for a candidate as good as the live policy, per check.
+pub const RELATIVE_MIN_Z: f64 = 3.0;
+
+/// Which band a rate left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BandKind {
+    /// `|candidate - live| > band`.
+    Absolute,
+    /// `|candidate - live| > band × live`, beyond chance ([`RELATIVE_MIN_Z`]).
+    Relative,
 }
 
 /// A rate outside its band.
@@ -188,7 +232,9 @@ pub struct Breach {
     pub measure: Measure,
     pub live_rate: f64,
     pub candidate_rate: f64,
+    /// The band it left: a rate difference (absolute) or a share of the live rate (relative).
     pub band: f64,
+    pub band_kind: BandKind,
     /// Requests of each arm in the window.
     pub live_samples: u64,
     pub candidate_samples: u64,
@@ -204,24 +250,55 @@ pub enum Check {
     OutOfBand(Breach),
 }
 
-/// Compares the candidate's rates with the live ones: out of band when
-/// `|candidate - live| > band` for a measure, once both arms have `min_samples`.
+/// The two-proportion z statistic of `live` and `candidate` for `measure` (pooled standard
+/// error); 0 when both rates are 0 or both 1 (no spread, no difference).
+pub fn z_score(live: &Counts, candidate: &Counts, measure: Measure) -> f64 {
+    let (l, c) = (live.rate(measure), candidate.rate(measure));
+    let (nl, nc) = (live.requests as f64, candidate.requests as f64);
+    if nl == 0.0 || nc == 0.0 {
+        return 0.0;
+    }
+    let pooled = (l * nl + c * nc) / (nl + nc);
+    let se = (pooled * (1.0 - pooled) * (1.0 / nl + 1.0 / nc)).sqrt();
+    if se > 0.0 {
+        (c - l).abs() / se
+    } else {
+        0.0
+    }
+}
+
+/// Compares the candidate's rates with the live ones, once both arms have `min_samples`: out of
+/// band when, for a measure, `|candidate - live| > band` (absolute), or when
+/// `|candidate - live| > relative × live` and the difference is beyond chance
+/// (`z >` [`RELATIVE_MIN_Z`]). A relative band over a live rate of 0 is crossed by any
+/// difference beyond chance.
 pub fn check(live: &Counts, candidate: &Counts, bands: &Bands) -> Check {
     if live.requests < bands.min_samples || candidate.requests < bands.min_samples {
         return Check::TooFewSamples;
     }
-    let measures = [(Measure::Block, bands.block), (Measure::Fallback, bands.fallback), (Measure::Error, bands.error)];
-    for (measure, band) in measures {
+    let measures = [
+        (Measure::Block, bands.block, bands.block_relative),
+        (Measure::Fallback, bands.fallback, bands.fallback_relative),
+        (Measure::Error, bands.error, bands.error_relative),
+    ];
+    for (measure, band, relative) in measures {
         let (l, c) = (live.rate(measure), candidate.rate(measure));
-        if (c - l).abs() > band {
-            return Check::OutOfBand(Breach {
+        let breach = |band, band_kind| {
+            Check::OutOfBand(Breach {
                 measure,
                 live_rate: l,
                 candidate_rate: c,
                 band,
+                band_kind,
                 live_samples: live.requests,
                 candidate_samples: candidate.requests,
-            });
+            })
+        };
+        if (c - l).abs() > band {
+            return breach(band, BandKind::Absolute);
+        }
+        if relative > 0.0 && (c - l).abs() > relative * l && z_score(live, candidate, measure) > RELATIVE_MIN_Z {
+            return breach(relative, BandKind::Relative);
         }
     }
     Check::InBand
@@ -246,7 +323,15 @@ pub fn hold(since_ms: Option<u64>, check: &Check, now_ms: u64, hold_ms: u64) -> 
 mod tests {
     use super::*;
 
-    const BANDS: Bands = Bands { block: 0.1, fallback: 0.15, error: 0.05, min_samples: 10 };
+    const BANDS: Bands = Bands {
+        block: 0.1,
+        fallback: 0.15,
+        error: 0.05,
+        block_relative: 0.0,
+        fallback_relative: 0.0,
+        error_relative: 0.0,
+        min_samples: 10,
+    };
 
     fn counts(requests: u64, blocks: u64, fallbacks: u64, errors: u64) -> Counts {
         Counts { requests, blocks, fallbacks, errors }
@@ -279,11 +364,66 @@ mod tests {
         assert_eq!(check(&live, &counts(50, 9, 10, 0), &BANDS), Check::InBand, "block 0.18 vs 0.1: within 0.1");
         let Check::OutOfBand(b) = check(&live, &counts(50, 11, 10, 0), &BANDS) else { panic!("block 0.22") };
         assert_eq!((b.measure, b.live_rate, b.candidate_rate, b.band), (Measure::Block, 0.1, 0.22, 0.1));
+        assert_eq!(b.band_kind, BandKind::Absolute);
         assert_eq!((b.live_samples, b.candidate_samples), (100, 50));
         let Check::OutOfBand(b) = check(&live, &counts(50, 5, 0, 0), &BANDS) else { panic!("fallback 0") };
         assert_eq!(b.measure, Measure::Fallback, "a candidate too far below is out of band too");
         let Check::OutOfBand(b) = check(&live, &counts(50, 5, 10, 4), &BANDS) else { panic!("errors 0.08") };
         assert_eq!((b.measure, b.candidate_rate), (Measure::Error, 0.08));
+    }
+
+    #[test]
+    fn a_relative_band_catches_a_collapse_the_absolute_band_misses() {
+        // Issue 25's case: block rate 0.12 -> 0.03, inside an absolute band of 0.1.
+        let live = counts(1000, 120, 0, 0);
+        let collapsed = counts(1000, 30, 0, 0);
+        assert_eq!(check(&live, &collapsed, &BANDS), Check::InBand, "absolute only: inside 0.1");
+        let bands = Bands { block_relative: 0.5, ..BANDS };
+        let Check::OutOfBand(b) = check(&live, &collapsed, &bands) else { panic!("-75 % of the live rate") };
+        assert_eq!((b.measure, b.band_kind, b.band), (Measure::Block, BandKind::Relative, 0.5));
+        assert_eq!((b.live_rate, b.candidate_rate), (0.12, 0.03));
+        // Up as well as down: 0.02 -> 0.06 (+200 %, inside 0.1 absolute).
+        let Check::OutOfBand(b) = check(&counts(1000, 20, 0, 0), &counts(1000, 60, 0, 0), &bands) else {
+            panic!("+200 %")
+        };
+        assert_eq!(b.band_kind, BandKind::Relative);
+        // Within the share: 0.12 -> 0.09 (-25 %).
+        assert_eq!(check(&live, &counts(1000, 90, 0, 0), &bands), Check::InBand);
+        // Each measure has its own relative band; 0 turns it off.
+        let errors = Bands { error_relative: 0.5, ..BANDS };
+        let Check::OutOfBand(b) = check(&counts(1000, 0, 0, 0), &counts(1000, 0, 0, 30), &errors) else {
+            panic!("errors from none to 0.03 is inside 0.05 absolute, not relative to 0")
+        };
+        assert_eq!((b.measure, b.band_kind), (Measure::Error, BandKind::Relative));
+        assert_eq!(check(&counts(1000, 0, 0, 0), &counts(1000, 0, 0, 30), &BANDS), Check::InBand);
+    }
+
+    #[test]
+    fn a_relative_band_ignores_differences_within_chance() {
+        let bands = Bands { block_relative: 0.5, min_samples: 200, ..BANDS };
+        // 1 % vs 2 % over 200 requests each: +100 %, but 2 vs 4 blocks is chance (z ~ 0.8).
+        let (live, candidate) = (counts(200, 2, 0, 0), counts(200, 4, 0, 0));
+        assert!(z_score(&live, &candidate, Measure::Block) < 1.0);
+        assert_eq!(check(&live, &candidate, &bands), Check::InBand);
+        // The same rates over 20,000 requests each are a real change (z ~ 8).
+        let (live, candidate) = (counts(20_000, 200, 0, 0), counts(20_000, 400, 0, 0));
+        assert!(z_score(&live, &candidate, Measure::Block) > 8.0);
+        let Check::OutOfBand(b) = check(&live, &candidate, &bands) else { panic!("+100 % over 20,000") };
+        assert_eq!(b.band_kind, BandKind::Relative);
+        // No spread, no difference: both 0 or both 1.
+        assert_eq!(z_score(&counts(50, 0, 0, 0), &counts(50, 0, 0, 0), Measure::Block), 0.0);
+        assert_eq!(z_score(&counts(50, 50, 0, 0), &counts(50, 50, 0, 0), Measure::Block), 0.0);
+    }
+
+    #[test]
+    fn the_sticky_key_needs_an_authenticated_tenant() {
+        assert_eq!(sticky_key(Sticky::Tenant, None, Some(b"x")), None, "no tenant, no key: live");
+        assert_eq!(sticky_key(Sticky::Header, None, Some(b"user-1")), None, "a header alone picks nothing");
+        assert_eq!(sticky_key(Sticky::Tenant, Some("acme"), Some(b"x")).as_deref(), Some("acme"));
+        assert_eq!(sticky_key(Sticky::Header, Some("acme"), None), None);
+        let key = sticky_key(Sticky::Header, Some("acme"), Some(b"user-1"));
+        assert_eq!(key.as_deref(), Some("acme\nuser-1"), "the header counts within its tenant");
+        assert_ne!(sticky_key(Sticky::Header, Some("other"), Some(b"user-1")), key);
     }
 
     #[test]
@@ -293,6 +433,7 @@ mod tests {
             live_rate: 0.1,
             candidate_rate: 1.0,
             band: 0.1,
+            band_kind: BandKind::Absolute,
             live_samples: 10,
             candidate_samples: 10,
         });

@@ -1,5 +1,5 @@
 //! Tests of tenant identity resolution: each source, their order, claims off by default, the
-//! one shared key of unknown tenants, and name validation.
+//! one shared key of unknown tenants, name validation, and which names are authenticated.
 
 use super::*;
 use crate::tenant::config::TenantsConfig;
@@ -128,4 +128,18 @@ fn names_are_bounded_and_plain() {
         assert!(valid_name(bad).is_err(), "{bad:?}");
     }
     assert!(valid_name(&"a".repeat(MAX_NAME_BYTES + 1)).unwrap_err().contains("1 to 64 bytes"));
+}
+
+#[test]
+fn only_a_vouched_for_name_is_authenticated() {
+    let t = Tenants::new(&config("accept_claimed = true\ntrusted_header = \"x-client-tenant\""), None);
+    let resolve = |h: &[(&str, &str)], route: Option<&str>, claim: Option<&str>| t.resolve(&headers(h), route, claim);
+    let by_key = resolve(&[("x-api-key", "pay-key")], None, Some("chat")).unwrap();
+    assert_eq!(by_key.authenticated(), Some("payments"));
+    let by_proxy = resolve(&[("x-client-tenant", "someone")], None, None).unwrap();
+    assert_eq!(by_proxy.authenticated(), Some("someone"), "the trusted proxy vouches for unknown names too");
+    assert_eq!(resolve(&[], Some("chat"), None).unwrap().authenticated(), Some("chat"));
+    let claimed = resolve(&[], None, Some("payments")).unwrap();
+    assert_eq!((claimed.name.as_deref(), claimed.authenticated()), (Some("payments"), None), "a claim is a name only");
+    assert_eq!(resolve(&[("x-api-key", "wrong")], None, None).unwrap().authenticated(), None);
 }

@@ -20,8 +20,9 @@ pub struct RedisConfig {
     /// this build has no TLS).
     pub url: String,
     /// How many tiergate replicas share the limits; required, at least 1. While Redis is out of
-    /// reach under `on_outage = "local"`, each replica allows 1/`replicas` of each quota and
-    /// daily budget (rounded up), so the fleet as a whole stays near the configured limit.
+    /// reach under `on_outage = "local"`, each replica allows 1/`replicas` of each rate (from
+    /// the shared cell's last known state, `mirror.rs`) and of each daily budget (rounded up),
+    /// so the fleet as a whole stays near the configured limit.
     pub replicas: u32,
     /// What a check does while Redis is out of reach (down, slower than `timeout_ms`, or its
     /// circuit open).
@@ -49,7 +50,9 @@ pub struct RedisConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOutage {
-    /// This replica's local limiter, at each quota divided by `replicas`.
+    /// This replica decides alone: rates on its mirror of the shared cell at 1/`replicas` of
+    /// the rate (its admissions charged to Redis when it answers), daily budgets on a local
+    /// counter at 1/`replicas` of the budget.
     #[default]
     Local,
     /// Every request is allowed (no rate or budget limit until Redis is back).

@@ -30,6 +30,11 @@ pub struct SharedQuotaMetrics {
     /// `tiergate_quota_store_fallbacks_total{check,on_outage}`: checks decided without Redis
     /// (after an error, or while the circuit is open).
     pub fallbacks: Family<FallbackLabels, Counter>,
+    /// `tiergate_quota_store_reconciled_total`: requests the local fallback admitted while Redis
+    /// was out of reach, charged to the shared cell once it answered again (a rate check carries
+    /// them as a floor under the shared TAT), so the outage's admissions count against the
+    /// fleet's limit after it too.
+    pub reconciled: Counter,
     /// `tiergate_quota_store_up`: 1 while the last round trip to Redis succeeded.
     pub up: Gauge,
     /// `tiergate_quota_store_circuit_open`: 1 while the circuit breaker keeps checks off Redis.
@@ -49,6 +54,11 @@ impl SharedQuotaMetrics {
             "quota_store_fallbacks",
             "Quota checks decided without the shared store (Redis out of reach), by check and on_outage",
             metrics.fallbacks.clone(),
+        );
+        registry.register(
+            "quota_store_reconciled",
+            "Requests the local fallback admitted while Redis was out of reach, charged to Redis once it answered",
+            metrics.reconciled.clone(),
         );
         registry.register("quota_store_up", "1 while the shared quota store (Redis) answers", metrics.up.clone());
         registry.register(

@@ -2,14 +2,19 @@
 //! GCRA rate state and daily budgets live in Redis, one Lua script call (EVALSHA) per check.
 //!
 //! While Redis is out of reach (down, refusing, or slower than `timeout_ms`) a check takes the
-//! configured outage path ([`OnOutage`]): by default this replica's local store at the quota
-//! divided by the expected replica count. A circuit breaker (`crate::tier::breaker`, the one
-//! the tiers use) keeps a dead Redis from costing every request a failed round trip: after
-//! `failure_threshold` consecutive failures checks stay off Redis for `open_ms`, then one check
-//! probes it. Connecting happens in the background; a request never waits for a connect.
+//! configured outage path ([`OnOutage`]). By default a rate check is then decided by
+//! [`mirror::RateMirror`], which continues the shared cell from the TAT Redis last returned at
+//! this replica's share of the rate and carries what it admitted back to Redis when it answers
+//! (one budget, not two cells that refill while the other is in use: see its module doc); a
+//! daily budget by this replica's local store at the budget divided by the replica count. A
+//! circuit breaker (`crate::tier::breaker`, the one the tiers use) keeps a dead Redis from
+//! costing every request a failed round trip: after `failure_threshold` consecutive failures
+//! checks stay off Redis for `open_ms`, then one check probes it. Connecting happens in the
+//! background; a request never waits for a connect.
 
 pub mod config;
 pub mod metrics;
+pub mod mirror;
 
 pub use config::{OnOutage, RedisConfig};
 pub use metrics::SharedQuotaMetrics;
@@ -19,6 +24,7 @@ use super::quota::{Denied, Quota, QuotaStore};
 use crate::tier::breaker::{BreakerConfig, CircuitBreaker, CircuitState};
 use futures_util::future::BoxFuture;
 use metrics::{FallbackLabels, StoreErrorLabels};
+use mirror::RateMirror;
 use redis::aio::MultiplexedConnection;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,8 +78,10 @@ pub struct SharedQuotas {
     key_prefix: String,
     replicas: u32,
     on_outage: OnOutage,
-    /// The local store used under `on_outage = "local"`.
+    /// The local store of daily budgets under `on_outage = "local"`.
     fallback: Arc<dyn QuotaStore>,
+    /// The rate cells mirrored from Redis: the local rate check under `on_outage = "local"`.
+    mirror: RateMirror,
     /// `Retry-After` of a refusal under `on_outage = "closed"`: the breaker's open time, at
     /// least one second.
     closed_retry_after: Duration,
@@ -94,8 +102,9 @@ struct Link {
 
 impl SharedQuotas {
     /// A store for `config` (validated here too) that takes the `on_outage = "local"` path
-    /// through `fallback`. Connects lazily, in the background, on the first check: Redis being
-    /// down at start-up is an outage like any other, not a start-up error.
+    /// through its rate mirror and, for daily budgets, `fallback`. Connects lazily, in the
+    /// background, on the first check: Redis being down at start-up is an outage like any
+    /// other, not a start-up error.
     pub fn new(
         config: &RedisConfig,
         fallback: Arc<dyn QuotaStore>,
@@ -123,6 +132,7 @@ impl SharedQuotas {
             replicas: config.replicas,
             on_outage: config.on_outage,
             fallback,
+            mirror: RateMirror::new(),
             closed_retry_after: Duration::from_millis(config.open_ms).max(Duration::from_secs(1)),
         })
     }
@@ -186,7 +196,7 @@ impl SharedQuotas {
 }
 
 /// GCRA's emission interval of `per_second`, in microseconds, rounded to nearest, at least 1.
-fn emission_interval_us(per_second: u32) -> u64 {
+pub(crate) fn emission_interval_us(per_second: u32) -> u64 {
     let rate = u64::from(per_second.max(1));
     ((1_000_000 + rate / 2) / rate).max(1)
 }
@@ -194,13 +204,24 @@ fn emission_interval_us(per_second: u32) -> u64 {
 impl QuotaStore for SharedQuotas {
     fn check_rate<'a>(&'a self, key: &'a str, quota: Quota) -> BoxFuture<'a, Result<(), Denied>> {
         Box::pin(async move {
-            let args = [emission_interval_us(quota.per_second), u64::from(quota.burst.max(1))];
-            match self.link.eval(&self.gcra, self.rate_key(key), &args).await {
-                Some(0) => Ok(()),
-                Some(wait_us) => Err(Denied { limit: "rate", retry_after: Duration::from_micros(wait_us) }),
+            let floor = self.mirror.floor(key, Instant::now());
+            let args = [emission_interval_us(quota.per_second), u64::from(quota.burst.max(1)), floor.offset_us];
+            match self.link.eval::<(u64, u64)>(&self.gcra, self.rate_key(key), &args).await {
+                Some((wait_us, tat_offset_us)) => {
+                    self.mirror.answered(key, Instant::now(), tat_offset_us, floor.carried);
+                    self.link.metrics.reconciled.inc_by(u64::from(floor.carried));
+                    match wait_us {
+                        0 => Ok(()),
+                        _ => Err(Denied { limit: "rate", retry_after: Duration::from_micros(wait_us) }),
+                    }
+                }
                 None => {
-                    let share = quota.per_replica(self.replicas);
-                    self.outage("rate", self.fallback.check_rate(key, share)).await
+                    // Lazy: the mirror charges only when the local path is the configured one.
+                    let local = Box::pin(async move {
+                        let decided = self.mirror.check_local(key, quota, self.replicas, Instant::now());
+                        decided.map_err(|retry_after| Denied { limit: "rate", retry_after })
+                    });
+                    self.outage("rate", local).await
                 }
             }
         })
@@ -209,7 +230,7 @@ impl QuotaStore for SharedQuotas {
     fn take_daily<'a>(&'a self, key: &'a str, per_day: u32) -> BoxFuture<'a, Result<(), Denied>> {
         Box::pin(async move {
             let args = [u64::from(per_day.max(1))];
-            match self.link.eval(&self.daily, self.daily_key(key), &args).await {
+            match self.link.eval::<u64>(&self.daily, self.daily_key(key), &args).await {
                 Some(0) => Ok(()),
                 Some(wait_s) => Err(Denied { limit: "gpu_daily_budget", retry_after: Duration::from_secs(wait_s) }),
                 None => {
@@ -237,10 +258,15 @@ impl Drop for Permit<'_> {
 }
 
 impl Link {
-    /// One script call: its integer reply, or `None` when Redis could not decide (circuit open,
+    /// One script call: its reply, or `None` when Redis could not decide (circuit open,
     /// no connection yet, error, timeout). One round trip (EVALSHA), plus SCRIPT LOAD and a
     /// second EVALSHA once after Redis lost its script cache (a restart).
-    async fn eval(self: &Arc<Self>, script: &redis::Script, key: String, args: &[u64]) -> Option<u64> {
+    async fn eval<T: redis::FromRedisValue>(
+        self: &Arc<Self>,
+        script: &redis::Script,
+        key: String,
+        args: &[u64],
+    ) -> Option<T> {
         if !self.breaker.try_acquire(Instant::now()) {
             return None;
         }
@@ -257,7 +283,7 @@ impl Link {
         for arg in args {
             call.arg(*arg);
         }
-        let reply = tokio::time::timeout(self.timeout, call.invoke_async::<u64>(&mut conn)).await;
+        let reply = tokio::time::timeout(self.timeout, call.invoke_async::<T>(&mut conn)).await;
         permit.judged = true;
         match reply {
             Ok(Ok(value)) => {

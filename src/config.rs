@@ -168,6 +168,11 @@ impl Config {
             ("server.default_deadline_ms", s.default_deadline_ms),
             ("server.request_timeout_ms", s.request_timeout_ms),
             ("server.max_header_bytes", s.max_header_bytes as u64),
+            // 0 would close every connection before its first request, or never ping.
+            ("server.header_read_timeout_ms", s.header_read_timeout_ms),
+            ("server.idle_timeout_ms", s.idle_timeout_ms),
+            ("server.http2_keep_alive_interval_ms", s.http2_keep_alive_interval_ms),
+            ("server.http2_keep_alive_timeout_ms", s.http2_keep_alive_timeout_ms),
             ("model.intra_threads", m.intra_threads as u64),
             ("model.sessions", m.sessions as u64),
             ("model.max_batch", m.max_batch as u64),

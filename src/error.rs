@@ -66,6 +66,11 @@ pub enum ApiError {
     /// `Host` headers, none in HTTP/1.1.
     #[error("bad request target: {0}")]
     BadTarget(String),
+    /// 400: an identity header (an API key, the trusted tenant header, the tenant claim) sent
+    /// more than once: tiergate would read one line and the app might read another, so the
+    /// request is refused rather than interpreted. `header` is its name, also `error.field`.
+    #[error("header `{header}` appears {count} times; an identity header must be sent once")]
+    RepeatedHeader { header: String, count: usize },
     /// 501: a transfer coding other than `chunked` (RFC 9112 §6.1).
     #[error("{0} is not implemented; send the body unencoded or chunked")]
     NotImplemented(String),
@@ -95,9 +100,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MalformedJson(_) | ApiError::BodyRead(_) | ApiError::BadFraming(_) | ApiError::BadTarget(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::MalformedJson(_)
+            | ApiError::BodyRead(_)
+            | ApiError::BadFraming(_)
+            | ApiError::BadTarget(_)
+            | ApiError::RepeatedHeader { .. } => StatusCode::BAD_REQUEST,
             ApiError::Blocked { .. } | ApiError::Unscreened { .. } => StatusCode::FORBIDDEN,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
@@ -135,6 +142,7 @@ impl ApiError {
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::BadFraming(_) => "bad_framing",
             ApiError::BadTarget(_) => "bad_request_target",
+            ApiError::RepeatedHeader { .. } => "repeated_header",
             ApiError::Blocked { .. } => "blocked",
             ApiError::Unscreened { .. } => "unscreened_path_refused",
             ApiError::NotImplemented(_) => "not_implemented",
@@ -151,7 +159,47 @@ impl ApiError {
             ApiError::UnsupportedMediaType { .. } => Some("content-type"),
             ApiError::RateLimited { .. } => Some("tenant"),
             ApiError::UnknownScenario { .. } => Some("scenario"),
+            ApiError::RepeatedHeader { header, .. } => Some(header),
             _ => None,
+        }
+    }
+
+    /// Whether a route with `on_error = "open"` may forward a request that screening failed
+    /// with this error, unscreened. Only when tiergate's own infrastructure could not screen it
+    /// (no model capacity under `when_saturated = "shed"`, a bug): that is what fail-open is
+    /// for, availability when tiergate itself is down. Never for what the client controls (its
+    /// body, size, JSON, headers, its own rate or budget): forwarding those would let any client
+    /// skip screening by sending a bad request on purpose (text over the limit carrying the
+    /// payload past the screen). Never for `quota_store_unavailable` either, although a shared
+    /// store down is infrastructure: that 429 is the decision the operator configured for an
+    /// outage (`[tenants.redis] on_outage = "closed"`: no request passes unmetered), and
+    /// `on_outage = "local"` or `"open"` is the setting that admits requests during an outage,
+    /// screened; failing open here would turn "closed" into "open and unscreened", less than
+    /// either. The match names every variant, so a new error must be placed here.
+    pub fn may_fail_open(&self) -> bool {
+        match self {
+            ApiError::Shed { .. } | ApiError::Internal(_) => true,
+            ApiError::RateLimited { .. } => false,
+            ApiError::MalformedJson(_)
+            | ApiError::BodyRead(_)
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::UnsupportedMediaType { .. }
+            | ApiError::InvalidField { .. }
+            | ApiError::UnknownScenario { .. }
+            | ApiError::Timeout { .. }
+            | ApiError::BadFraming(_)
+            | ApiError::BadTarget(_)
+            | ApiError::RepeatedHeader { .. }
+            | ApiError::NotImplemented(_) => false,
+            // Not outcomes of screening: refused whatever the mode.
+            ApiError::NotFound { .. }
+            | ApiError::MethodNotAllowed { .. }
+            | ApiError::Unauthorized
+            | ApiError::PolicyInvalid { .. }
+            | ApiError::Blocked { .. }
+            | ApiError::Unscreened { .. }
+            | ApiError::BadGateway { .. }
+            | ApiError::GatewayTimeout { .. } => false,
         }
     }
 
@@ -208,4 +256,45 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fail-open is for tiergate's own faults only: one of each variant, with who controls it.
+    #[test]
+    fn only_tiergates_own_faults_may_fail_open() {
+        let rate = |limit| ApiError::RateLimited { tenant: "t".into(), limit, detail: String::new(), retry_after_s: 1 };
+        let client = [
+            ApiError::MalformedJson("duplicate key `text`".into()),
+            ApiError::BodyRead("reset".into()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::UnsupportedMediaType { got: "text/plain".into() },
+            ApiError::invalid("text", "`text` must be at most 1 bytes"),
+            ApiError::invalid("x-client-tenant", "must be ASCII"),
+            ApiError::UnknownScenario { name: "x".into(), known: vec![] },
+            ApiError::Timeout { timeout_ms: 1 },
+            ApiError::BadFraming("two lengths".into()),
+            ApiError::BadTarget("`;`".into()),
+            ApiError::RepeatedHeader { header: "x-api-key".into(), count: 2 },
+            ApiError::NotImplemented("gzip".into()),
+            rate("rate"),
+            rate("gpu_daily_budget"),
+            // Infrastructure, but the operator's chosen outage behaviour: see `may_fail_open`.
+            rate("quota_store_unavailable"),
+        ];
+        for e in &client {
+            assert!(!e.may_fail_open(), "{e:?} is the client's doing (or a configured refusal)");
+        }
+        let own = [
+            ApiError::Shed { reason: "both model tiers saturated".into(), retry_after_s: 1 },
+            ApiError::Internal("bug".into()),
+        ];
+        for e in &own {
+            assert!(e.may_fail_open(), "{e:?} is tiergate's own fault");
+        }
+        let e = ApiError::RepeatedHeader { header: "x-api-key".into(), count: 2 };
+        assert_eq!((e.status(), e.code(), e.field()), (StatusCode::BAD_REQUEST, "repeated_header", Some("x-api-key")));
+    }
 }

@@ -53,6 +53,15 @@ async fn post(addr: std::net::SocketAddr, path: &str, id: &str, body: Value) -> 
 async fn every_decision_has_exactly_one_record_of_its_kind() {
     let app = app::start();
     let dir = scratch("one-each");
+    // A route policy under which the (fake, 95 %) busy cpu is saturated and no model tier can
+    // take a request: tiergate's own fault, which the fail-open route forwards unscreened.
+    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
+    let busy = common::policies_with_routing(
+        "audit-busy",
+        &routing
+            .replace("max_utilization = 1.0", "max_utilization = 0.5")
+            .replace("when_saturated = \"rules\"", "when_saturated = \"shed\""),
+    );
     let routes = format!(
         r#"
         [[routes]]
@@ -65,13 +74,23 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
         on_error = "open"
 
         [[routes]]
+        name = "busy"
+        path_prefix = "/echo/busy"
+        upstream = ["{app}"]
+        [routes.screen]
+        text = ["/text"]
+        on_error = "open"
+        policy = "{busy}"
+
+        [[routes]]
         name = "guarded"
         path = "/text"
         upstream = ["{app}"]
         [routes.stream_guard]
         buffer_ms = 50
         "#,
-        app = app.url()
+        app = app.url(),
+        busy = busy.display(),
     );
     let policies = common::repo().join("policies");
     let mut config = common::config_with_routes(&policies, &routes);
@@ -84,7 +103,10 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     let candidate =
         common::policies_with_routing("audit-shadow", &routing.replace("review_at = 0.3", "review_at = 0.0"));
     config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, log: None };
-    let (addr, gateway) = common::start_with(config, Sources::default());
+    config.signals.cpu_interval_ms = 20;
+    let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
+    let (addr, gateway) =
+        common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() });
 
     let (n, m) = (6, 6);
     let mut said = Vec::new();
@@ -96,9 +118,9 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     }
     for i in 0..m {
         let id = format!("screen-{i}");
-        let text = [BENIGN, PHISHING, ""][i % 3];
-        let body = if text.is_empty() { json!({"no_text": true}) } else { json!({"text": text, "tenant": "acme"}) };
-        let reply = post(addr, "/echo/chat", &id, body).await;
+        let text = [BENIGN, PHISHING, BENIGN][i % 3];
+        let path = if i % 3 == 2 { "/echo/busy" } else { "/echo/chat" };
+        let reply = post(addr, path, &id, json!({"text": text, "tenant": "acme"})).await;
         let action = match reply.status {
             StatusCode::OK => reply.headers.get("x-tiergate-action").map_or("unscreened", |v| v.to_str().unwrap()),
             StatusCode::FORBIDDEN => "block",
@@ -125,7 +147,7 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
         assert!(shadows <= 1 && found.len() == 1 + shadows, "{id}: {found:?}");
         if action == "unscreened" {
             assert_eq!((r.tier.as_str(), r.label, r.risk_score), ("unscreened", None, None));
-            assert!(r.path[0]["reason"].as_str().unwrap().contains("no text to screen"), "{:?}", r.path);
+            assert!(r.path[0]["reason"].as_str().unwrap().contains("saturated"), "{:?}", r.path);
         } else {
             assert_eq!(r.tenant.as_deref(), Some("acme"));
             assert_eq!(r.model.sha256.as_deref().map(str::len), Some(64), "the model's manifest digest");
@@ -160,7 +182,10 @@ fn tiny_queue(name: &str, on_full: OnFull) -> (std::net::SocketAddr, std::sync::
     let dir = scratch(name);
     let mut config = common::config(&common::repo().join("policies"));
     config.audit = Some(AuditConfig { dir: dir.clone(), queue_capacity: 1, on_full, ..AuditConfig::default() });
-    let (addr, gateway) = common::start_with(config, Sources::default());
+    config.signals.cpu_interval_ms = 20;
+    let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
+    let (addr, gateway) =
+        common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() });
     (addr, gateway, dir)
 }
 

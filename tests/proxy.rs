@@ -252,7 +252,7 @@ async fn monitor_mode_forwards_blocks_with_the_decision() {
 }
 
 #[tokio::test]
-async fn fail_closed_refuses_what_cannot_be_screened_and_fail_open_forwards_it_intact() {
+async fn what_cannot_be_screened_is_refused_and_never_reaches_the_app() {
     let s = setup();
     let cases: [(&str, Vec<(&str, &str)>, String, StatusCode, &str); 5] = [
         (
@@ -300,24 +300,20 @@ async fn fail_closed_refuses_what_cannot_be_screened_and_fail_open_forwards_it_i
         assert_eq!(reply.json()["error"]["code"], code, "{what}");
     }
 
-    // Fail-open: a body over the screening limit is forwarded whole, marked unscreened.
+    // Fail-open forwards only what tiergate's own faults left unscreened (tests/fail_open.rs):
+    // a body over the screening limit is the client's doing, refused as on a closed route.
     let big = json!({"text": "x".repeat(5000)}).to_string();
     let reply = post_json(s.proxy, "/echo/open", big.clone(), &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.body, Bytes::from(big.clone()), "bytes read for screening were all forwarded");
-    let seen = s.app.requests().into_iter().find(|r| r.body == Bytes::from(big.clone())).unwrap();
-    assert_eq!(header(&seen.headers, "x-tiergate-action"), "unscreened");
-    assert!(header(&seen.headers, "x-tiergate-screen-error").contains("at most 1024 bytes"));
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(!s.app.requests().iter().any(|r| r.body == Bytes::from(big.clone())), "forwarded unscreened");
     // ... and a body within the limit is screened as usual.
     let reply = post_json(s.proxy, "/echo/open", json!({"text": BENIGN}).to_string(), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
 
     let metrics = String::from_utf8(common::send(s.admin, "GET", "/metrics", &[], "").await.body.to_vec()).unwrap();
-    for line in [
-        r#"route="open",outcome="unscreened""#,
-        r#"route="chat",outcome="refused""#,
-        r#"route="chat",outcome="blocked""#,
-    ] {
+    for line in
+        [r#"route="open",outcome="refused""#, r#"route="chat",outcome="refused""#, r#"route="chat",outcome="blocked""#]
+    {
         assert!(metrics.contains(line), "metrics lack {line}");
     }
 }

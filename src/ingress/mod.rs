@@ -4,6 +4,7 @@
 //! `handle`).
 
 mod config;
+mod conn;
 mod endpoints;
 mod server;
 

@@ -1,8 +1,9 @@
 //! The HTTP server: hyper (HTTP/1.1 and HTTP/2) under a tower stack (request id -> trace),
-//! framing checks, proxied routes or the endpoints under the whole-request timeout, graceful
+//! framing checks, connection deadlines ([`conn`]), proxied routes or the endpoints under the whole-request timeout, graceful
 //! shutdown. [`handle`] is where every error becomes a response.
 
 use super::config::{AdminConfig, PublicViews};
+use super::conn;
 use super::endpoints;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
@@ -16,10 +17,11 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -62,9 +64,69 @@ pub enum Role {
 }
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
-/// requests finish for up to `limits.shutdown_grace_ms`.
+/// requests finish for up to `limits.shutdown_grace_ms`. Each connection is closed when it has
+/// been quiet too long (`header_read_timeout_ms` before its first request, `idle_timeout_ms`
+/// after one: [`conn`]).
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     let limits = app.limits.clone();
+    let shared = Arc::new(Shared {
+        builder: connection_builder(&limits),
+        requests: Arc::new(Semaphore::new(limits.max_concurrent_requests.max(1))),
+        // `true` tells every connection to finish; `closed()` says they all have.
+        stop: watch::channel(false).0,
+        first: Duration::from_millis(limits.header_read_timeout_ms),
+        idle: Duration::from_millis(limits.idle_timeout_ms),
+        app,
+    });
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    tokio::pin!(shutdown);
+    loop {
+        // Waits here, not in accept, while the listener is at max_connections.
+        let connection = tokio::select! {
+            permit = Arc::clone(&connections).acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => spawn_connection(&shared, stream, peer, connection),
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: draining in-flight requests");
+    shared.stop.send_replace(true);
+    tokio::select! {
+        _ = shared.stop.closed() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(Duration::from_millis(limits.shutdown_grace_ms)) => {
+            tracing::warn!(grace_ms = limits.shutdown_grace_ms, "grace period over; closing remaining connections");
+        }
+    }
+    Ok(())
+}
+
+/// What every connection of a listener shares.
+struct Shared {
+    app: Arc<App>,
+    builder: auto::Builder<TokioExecutor>,
+    /// `max_concurrent_requests`.
+    requests: Arc<Semaphore>,
+    /// Server shutdown, to every connection.
+    stop: watch::Sender<bool>,
+    /// `header_read_timeout_ms`, `idle_timeout_ms`.
+    first: Duration,
+    idle: Duration,
+}
+
+/// hyper's HTTP/1 and HTTP/2 settings from `[server]`: the HTTP/1 head's timeout and size, the
+/// HTTP/2 header list's size, and HTTP/2 keep-alive pings (a peer that stops answering them is
+/// gone, whatever its socket says).
+fn connection_builder(limits: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -75,73 +137,51 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let requests = Arc::new(Semaphore::new(limits.max_concurrent_requests.max(1)));
-    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    tokio::pin!(shutdown);
-    loop {
-        // Waits here, not in accept, while the listener is at max_connections.
-        let connection = tokio::select! {
-            permit = Arc::clone(&connections).acquire_owned() => permit.expect("the semaphore is never closed"),
-            _ = &mut shutdown => break,
-        };
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                // One service per connection: the client's address travels with each of its
-                // requests (X-Forwarded-For).
-                let handler = {
-                    let app = Arc::clone(&app);
-                    let requests = Arc::clone(&requests);
-                    tower::service_fn(move |mut req: Request<Incoming>| {
-                        req.extensions_mut().insert(PeerAddr(peer));
-                        let app = Arc::clone(&app);
-                        // Held until the response head is out; none left: shed at once.
-                        let permit = Arc::clone(&requests).try_acquire_owned().ok();
-                        async move {
-                            let response = handle(&app, req, permit.is_some()).await;
-                            drop(permit);
-                            Ok::<_, Infallible>(response)
-                        }
-                    })
-                };
-                let service = ServiceBuilder::new()
-                    .map_request(web::headers::drop_unusable_request_id)
-                    .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-                    .layer(PropagateRequestIdLayer::x_request_id())
-                    .layer(TraceLayer::new_for_http())
-                    .service(handler);
-                let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _connection = connection;
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
+        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32)
+        .keep_alive_interval(Duration::from_millis(limits.http2_keep_alive_interval_ms))
+        .keep_alive_timeout(Duration::from_millis(limits.http2_keep_alive_timeout_ms));
+    builder
+}
+
+/// Serves one accepted connection on its own task, holding its `max_connections` permit until
+/// it closes. Its service puts the client's address in each request (X-Forwarded-For) and
+/// counts each request in the connection's [`conn::Activity`] until its response is sent, under
+/// the request id and trace layers; [`conn::drive`] closes it when quiet too long.
+fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, permit: OwnedSemaphorePermit) {
+    let _ = stream.set_nodelay(true);
+    let activity = conn::Activity::new();
+    let handler = {
+        let (app, requests, activity) = (Arc::clone(&shared.app), Arc::clone(&shared.requests), Arc::clone(&activity));
+        tower::service_fn(move |mut req: Request<Incoming>| {
+            let in_flight = activity.begin();
+            req.extensions_mut().insert(PeerAddr(peer));
+            let app = Arc::clone(&app);
+            // Held until the response head is out; none left: shed at once.
+            let permit = Arc::clone(&requests).try_acquire_owned().ok();
+            async move {
+                let response = handle(&app, req, permit.is_some()).await;
+                drop(permit);
+                Ok::<_, Infallible>(response.map(|body| conn::Counted::new(body, in_flight)))
             }
-            _ = &mut shutdown => break,
+        })
+    };
+    let service = ServiceBuilder::new()
+        .map_request(web::headers::drop_unusable_request_id)
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http())
+        .service(handler);
+    let connection =
+        shared.builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
+    let (stopping, first, idle) = (shared.stop.subscribe(), shared.first, shared.idle);
+    tokio::spawn(async move {
+        let _permit = permit;
+        match conn::drive(connection, |c| c.graceful_shutdown(), &activity, first, idle, stopping).await {
+            Some(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+            None => tracing::debug!(%peer, "connection dropped: it did not close when told to"),
+            Some(Ok(())) => {}
         }
-    }
-    drop(listener);
-    tracing::info!("shutting down: draining in-flight requests");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(Duration::from_millis(limits.shutdown_grace_ms)) => {
-            tracing::warn!(grace_ms = limits.shutdown_grace_ms, "grace period over; closing remaining connections");
-        }
-    }
-    Ok(())
+    });
 }
 
 /// The answer to a request over `[server] max_concurrent_requests`: 503 at once with

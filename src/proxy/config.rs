@@ -139,8 +139,12 @@ pub struct ScreenConfig {
     /// Largest body read for screening, bytes.
     #[serde(default = "default_screen_body")]
     pub max_body_bytes: usize,
-    /// When screening cannot run (body unreadable or over the limit, not JSON, no text, rate
-    /// limit or overload): `closed` answers the error, `open` forwards unscreened.
+    /// When screening cannot run: `closed` answers the error; `open` forwards the request
+    /// unscreened when tiergate's own infrastructure failed (no model capacity under
+    /// `when_saturated = "shed"`, an internal error) and answers the error for everything the
+    /// client controls (body unreadable, over the limit, not JSON, a repeated key, no text, a
+    /// bad tenant or repeated identity header, its own rate limit) and for
+    /// `quota_store_unavailable` (see `ApiError::may_fail_open`).
     #[serde(default)]
     pub on_error: FailMode,
     /// What `review` does: `forward` (with the decision headers) or `block`.
@@ -181,7 +185,8 @@ pub enum FailMode {
     /// Refuse the request (the error's own status: 413, 415, 422, 429, 503 ...).
     #[default]
     Closed,
-    /// Forward it unscreened, marked `x-tiergate-action: unscreened`.
+    /// Forward it unscreened, marked `x-tiergate-action: unscreened`, when tiergate itself
+    /// failed; refuse what the client controls, as `Closed` does.
     Open,
 }
 

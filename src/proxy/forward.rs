@@ -48,6 +48,7 @@ impl Proxy {
         let request_id = (route.guard.is_some() && gateway.audit.is_some()).then(|| {
             parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
         });
+        gateway.tenants.strip_credentials(&mut parts.headers);
         let original_host = self.prepare_request(route, &mut parts, screened);
         // A body we hold whole can be sent again; a streamed one only once.
         let replayable = match &body {

@@ -1,5 +1,5 @@
-//! Header rules, both ways: hop-by-hop headers out (RFC 9110 §7.6.1), client-sent
-//! `x-tiergate-*` out, `X-Forwarded-*` and `Via` in, and the decision headers the app receives.
+//! Header rules, both ways: hop-by-hop headers out (RFC 9110 §7.6.1, but never the end-to-end
+//! headers tiergate relies on, whatever `Connection` lists), client-sent `x-tiergate-*` out, `X-Forwarded-*` and `Via` in, and the decision headers the app receives.
 
 use super::Screening;
 use crate::web::{headers as names, PeerAddr};
@@ -35,7 +35,20 @@ pub(super) fn request_host_header(parts: &http::request::Parts) -> Option<Header
         .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()))
 }
 
-/// Removes hop-by-hop headers, including those the `Connection` header names (RFC 9110 §7.6.1).
+/// Whether a name a `Connection` header lists is removed. RFC 9110 §7.6.1 has an intermediary
+/// remove what `Connection` names, but the sender chooses the names, and a client could then
+/// strip what tiergate needs to travel end to end (the "hop-by-hop header abuse" of proxies):
+/// the representation headers, `content-*` (the app would read the body tiergate screened under
+/// another type, length or encoding), and `x-request-id` (the id tiergate audited and logged,
+/// which ties the app's records to the decision). Those stay; any other listed name is
+/// removed, as the RFC says. What tiergate sets itself (`Host`, `X-Forwarded-*`, `Via`,
+/// `x-tiergate-*`) is written after the removal, so a listing cannot remove it either.
+fn listed_name_is_removed(name: &HeaderName) -> bool {
+    !(name.as_str().starts_with("content-") || name.as_str() == names::REQUEST_ID)
+}
+
+/// Removes hop-by-hop headers, and those the `Connection` header names except the end-to-end
+/// headers tiergate relies on ([`listed_name_is_removed`]) (RFC 9110 §7.6.1).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -43,6 +56,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .filter(listed_name_is_removed)
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
@@ -176,5 +190,19 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-kept"]);
+    }
+
+    #[test]
+    fn a_connection_list_never_removes_what_tiergate_screened_or_audited() {
+        let mut h = HeaderMap::new();
+        let listed = "x-request-id, Content-Type, content-length, content-encoding, x-secret";
+        h.insert(header::CONNECTION, HeaderValue::from_static(listed));
+        for name in ["x-request-id", "content-type", "content-length", "content-encoding", "x-secret"] {
+            h.insert(name, HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut h);
+        let mut kept: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        kept.sort();
+        assert_eq!(kept, ["content-encoding", "content-length", "content-type", "x-request-id"]);
     }
 }

@@ -4,7 +4,8 @@
 //! A request the policy blocks gets 403 with the decision and never reaches the inner service;
 //! otherwise the inner service gets the request with the decision headers set (as a proxied app
 //! would) and the [`Decision`] in its extensions. A client-sent `x-tiergate-*` header never
-//! reaches the inner service.
+//! reaches the inner service, nor do tiergate's own credentials (the trusted tenant header, an
+//! API key of `[tenants.api_keys]`).
 
 use super::forward::outgoing_body;
 use super::headers::{set_decision_headers, strip_forged};
@@ -101,6 +102,7 @@ where
     };
     shared.gateway.metrics.proxy_requests.get_or_create(&RouteLabels { route: shared.name.clone(), outcome }).inc();
     strip_forged(&mut parts.headers);
+    shared.gateway.tenants.strip_credentials(&mut parts.headers);
     set_decision_headers(&mut parts.headers, &screening);
     if let Screening::Decided(decision) = screening {
         parts.extensions.insert::<Decision>(decision);

@@ -3,8 +3,9 @@
 //! request never reaches the app, and streamed answers can be screened as they flow
 //! ([`guard`]).
 //!
-//! Forwarding follows RFC 9110 / 9112 for intermediaries: hop-by-hop headers (those listed in
-//! `Connection` and the fixed set of §7.6.1) are removed both ways; `Via`, `X-Forwarded-For`,
+//! Forwarding follows RFC 9110 / 9112 for intermediaries: hop-by-hop headers (the fixed set of
+//! §7.6.1, and those `Connection` lists except the end-to-end ones tiergate relies on, see
+//! [`headers`]) are removed both ways; tiergate's own credentials never reach the app; `Via`, `X-Forwarded-For`,
 //! `-Proto` and `-Host` are added; bodies stream in both directions unless screening needs the
 //! request body; the app's failures become 502 / 504 with a JSON body.
 //!
@@ -172,6 +173,8 @@ pub enum Screening {
 /// `Err` answers (blocked: 403 with the decision; refused: the screening error). Logs and counts
 /// what is not forwarded (`tiergate_proxy_requests_total{route, outcome="blocked"|"refused"}`).
 /// `broken`: the body could not be read, so the request cannot be forwarded in any mode.
+/// `on_error = "open"` forwards only what tiergate's own faults left unscreened
+/// ([`ApiError::may_fail_open`]).
 /// A decision, or a request forwarded unscreened, gets its audit record here (kind `screen`);
 /// a full audit queue under `on_full = "block"` turns either into a 503 before anything else.
 pub(crate) fn decide(
@@ -207,7 +210,9 @@ pub(crate) fn decide(
             }
             Ok(Screening::Decided(decision))
         }
-        Err(e) if screen.config.on_error == FailMode::Closed || broken => {
+        // What the client controls is refused in either mode (`ApiError::may_fail_open`): a
+        // client must not be able to choose to go unscreened by sending a bad request.
+        Err(e) if screen.config.on_error == FailMode::Closed || broken || !e.may_fail_open() => {
             tracing::warn!(route, error = %e, "screening failed; request refused");
             count("refused");
             Err(e)

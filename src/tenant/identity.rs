@@ -23,6 +23,8 @@ pub const MAX_NAME_BYTES: usize = 64;
 pub const OTHER: &str = "other";
 /// The header an API key may come in (besides `authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-api-key";
+/// The header a request may claim its tenant in (`web::headers::TENANT` is this one).
+pub const CLAIM_HEADER: &str = "x-tiergate-tenant";
 
 /// Checks a tenant or class name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits, `.`,
 /// `_`, `-`. The error says which rule it broke (the caller names the field).
@@ -179,8 +181,10 @@ impl Tenants {
     /// Resolves a request's tenant from `headers`, the proxy route's `route` tenant and the
     /// request's own `claimed` name (see the module doc for the order).
     ///
-    /// Errors: `InvalidField` (422) naming the trusted header, or `tenant` for an accepted claim,
-    /// when its value is not a valid name ([`valid_name`]). An API key that matches no hash is
+    /// Errors: `RepeatedHeader` (400) naming an identity header tiergate reads that came more
+    /// than once ([`Tenants::identity_headers`]); `InvalidField` (422) naming the trusted
+    /// header, or `tenant` for an accepted claim, when its value is not a valid name
+    /// ([`valid_name`]). An API key that matches no hash is
     /// not an error (on a proxy route it may be the app's own credential): the request is unknown.
     pub fn resolve(
         &self,
@@ -188,6 +192,7 @@ impl Tenants {
         route: Option<&str>,
         claimed: Option<&str>,
     ) -> Result<Identity, ApiError> {
+        self.refuse_repeated(headers)?;
         if let Some(tenant) = self.api_key_tenant(headers) {
             return Ok(self.named(tenant.to_string(), Source::ApiKey));
         }
@@ -210,6 +215,58 @@ impl Tenants {
         }
     }
 
+    /// The headers tiergate reads a tenant from under this config: `x-api-key` and
+    /// `authorization` when API keys are configured, the trusted header when one is, the claim
+    /// header when claims count.
+    fn identity_headers(&self) -> impl Iterator<Item = HeaderName> + '_ {
+        let keys =
+            (!self.api_keys.is_empty()).then_some([HeaderName::from_static(API_KEY_HEADER), header::AUTHORIZATION]);
+        let claim = self.accept_claimed.then_some(HeaderName::from_static(CLAIM_HEADER));
+        keys.into_iter().flatten().chain(self.trusted_header.clone()).chain(claim)
+    }
+
+    /// Refuses a request that sends an identity header more than once: tiergate would resolve
+    /// the tenant by one line while the app may read another (many read the last).
+    fn refuse_repeated(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        for name in self.identity_headers() {
+            let count = headers.get_all(&name).iter().count();
+            if count > 1 {
+                return Err(ApiError::RepeatedHeader { header: name.to_string(), count });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes tiergate's own credentials before a request reaches an app: the trusted tenant
+    /// header (it is addressed to tiergate by the front proxy), and each `x-api-key` or
+    /// `authorization` line whose key is one of `[tenants.api_keys]`. A key that matches none is
+    /// left alone: on a proxy route it is the app's own credential (an LLM server's API key).
+    pub fn strip_credentials(&self, headers: &mut HeaderMap) {
+        if let Some(trusted) = &self.trusted_header {
+            headers.remove(trusted);
+        }
+        if self.api_keys.is_empty() {
+            return;
+        }
+        for name in [HeaderName::from_static(API_KEY_HEADER), header::AUTHORIZATION] {
+            let lines: Vec<_> = headers.get_all(&name).iter().cloned().collect();
+            if !lines.iter().any(|v| self.is_own_key(&name, v)) {
+                continue;
+            }
+            headers.remove(&name);
+            for v in lines.into_iter().filter(|v| !self.is_own_key(&name, v)) {
+                headers.append(&name, v);
+            }
+        }
+    }
+
+    /// Whether one `x-api-key` / `authorization` line carries a key of `[tenants.api_keys]`.
+    fn is_own_key(&self, name: &HeaderName, value: &http::HeaderValue) -> bool {
+        let Ok(value) = value.to_str() else { return false };
+        let key = if name == header::AUTHORIZATION { bearer(value) } else { Some(value.trim()) };
+        key.is_some_and(|key| self.api_keys.contains_key(&<[u8; 32]>::from(Sha256::digest(key.as_bytes()))))
+    }
+
     /// A named tenant: its own key when known, else the unknown tenants' shared key.
     fn named(&self, name: String, source: Source) -> Identity {
         let state = Arc::clone(self.known.get(&name).unwrap_or(&self.unknown));
@@ -223,16 +280,19 @@ impl Tenants {
         if self.api_keys.is_empty() {
             return None;
         }
-        let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
-            let (scheme, rest) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        });
+        let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
         let api_key = headers.get(API_KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::trim);
         [api_key, bearer].into_iter().flatten().find_map(|key| {
             let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
             self.api_keys.get(&digest).map(String::as_str)
         })
     }
+}
+
+/// The token of `Bearer TOKEN` (the scheme in any case).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 fn decode_hex(hex: &str) -> Option<[u8; 32]> {

@@ -21,8 +21,22 @@ pub struct ServerConfig {
     pub max_deadline_ms: u64,
     /// Hard limit on a whole request, body read included (408 above). Protects against slow clients.
     pub request_timeout_ms: u64,
-    /// Time allowed to read request headers, ms.
+    /// Time allowed for a request head, ms: from accept until a connection's first request head
+    /// has arrived whole (any protocol: a silent socket, or half an HTTP/2 preface, is closed
+    /// after it), and for each later HTTP/1 head once its first byte has arrived.
     pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight is closed after this long, ms (HTTP/1 keep-alive
+    /// and HTTP/2 alike; HTTP/2 gets a GOAWAY). Counted from the end of its last response.
+    /// Longer than the idle timeout of a load balancer in front (AWS ALB: 60 s), so that the
+    /// balancer, not tiergate, closes its idle connections and never sends a request into one
+    /// being closed; nginx's `keepalive_timeout` default.
+    pub idle_timeout_ms: u64,
+    /// HTTP/2: a PING is sent on a connection after this long without a frame from the client,
+    /// ms; a client that does not answer within `http2_keep_alive_timeout_ms` is disconnected
+    /// (a peer gone without a FIN or RST, which would otherwise hold its streams open).
+    pub http2_keep_alive_interval_ms: u64,
+    /// HTTP/2: how long a keep-alive PING may wait for its acknowledgement, ms.
+    pub http2_keep_alive_timeout_ms: u64,
     /// Largest request head (request line and headers), bytes; 431 above.
     pub max_header_bytes: usize,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish, ms.
@@ -48,6 +62,9 @@ impl Default for ServerConfig {
             max_deadline_ms: 10_000,
             request_timeout_ms: 15_000,
             header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 75_000,
+            http2_keep_alive_interval_ms: 20_000,
+            http2_keep_alive_timeout_ms: 20_000,
             max_header_bytes: 64 * 1024,
             shutdown_grace_ms: 10_000,
             max_concurrent_requests: 4_096,

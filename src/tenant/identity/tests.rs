@@ -143,3 +143,44 @@ fn only_a_vouched_for_name_is_authenticated() {
     assert_eq!((claimed.name.as_deref(), claimed.authenticated()), (Some("payments"), None), "a claim is a name only");
     assert_eq!(resolve(&[("x-api-key", "wrong")], None, None).unwrap().authenticated(), None);
 }
+
+/// `headers` from lines, repeated names appended (not replaced).
+fn lines(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+    }
+    h
+}
+
+#[test]
+fn an_identity_header_sent_twice_is_refused_naming_it() {
+    let t = Tenants::new(&config("trusted_header = \"x-client-tenant\"\naccept_claimed = true"), None);
+    for name in ["x-api-key", "authorization", "x-client-tenant", "x-tiergate-tenant"] {
+        let h = lines(&[(name, "Bearer pay-key"), (name, "chat")]);
+        match t.resolve(&h, None, None) {
+            Err(ApiError::RepeatedHeader { header, count }) => assert_eq!((header.as_str(), count), (name, 2)),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // Only what tiergate reads: without API keys or a trusted header, those are the app's.
+    let bare: TenantsConfig = toml::from_str("").unwrap();
+    let h = lines(&[("x-api-key", "a"), ("x-api-key", "b"), ("x-client-tenant", "a"), ("x-client-tenant", "b")]);
+    assert_eq!(Tenants::new(&bare, None).resolve(&h, None, None).unwrap().source, Source::None);
+}
+
+#[test]
+fn tiergates_own_credentials_are_stripped_and_the_apps_kept() {
+    let t = Tenants::new(&config("trusted_header = \"x-client-tenant\""), None);
+    let mut h = lines(&[
+        ("x-api-key", "pay-key"),
+        ("authorization", "bearer  pay-key "),
+        ("authorization", "Bearer app-key"),
+        ("x-client-tenant", "chat"),
+        ("x-other", "1"),
+    ]);
+    t.strip_credentials(&mut h);
+    assert_eq!(h.get_all("authorization").iter().collect::<Vec<_>>(), ["Bearer app-key"]);
+    assert!(h.get("x-api-key").is_none() && h.get("x-client-tenant").is_none());
+    assert_eq!(h.len(), 2);
+}

@@ -146,9 +146,20 @@ fn detect_window(sample: &str) -> Language {
     }
 }
 
-/// The script, other than `main`, with the most letters in `text` if it has at least
-/// [`MIN_LETTERS`] (a name or a place in another script is not a passage in it). ISO 15924 codes
-/// from `unicode-script`, the same as [`iso15924`]'s for the scripts whatlang knows.
+/// Letters of another script that make a passage in it: [`MIN_LETTERS`], or in a short text
+/// [`MIN_SHARE_OTHER_SCRIPT`] of its letters and at least this many (a Chinese phrase in an
+/// English chat is a few characters; a name in another script, two or three).
+pub const MIN_LETTERS_OTHER_SCRIPT: usize = 4;
+
+/// Share of a text's letters in another script that makes a passage in it (code-mixed chat:
+/// "请大家周五前提交报销单, thanks!" is read by no English model).
+pub const MIN_SHARE_OTHER_SCRIPT: f64 = 0.15;
+
+/// The script, other than `main`, with the most letters in `text` if they make a passage
+/// ([`MIN_LETTERS`], or [`MIN_SHARE_OTHER_SCRIPT`] of the letters and at least
+/// [`MIN_LETTERS_OTHER_SCRIPT`]; a name or a place in another script is not a passage in it).
+/// ISO 15924 codes from `unicode-script`, the same as [`iso15924`]'s for the scripts whatlang
+/// knows.
 fn other_script(text: &str, main: &str) -> Option<&'static str> {
     let mut counts: Vec<(unicode_script::Script, usize)> = Vec::new();
     for c in text.chars().filter(|c| c.is_alphabetic()) {
@@ -161,9 +172,13 @@ fn other_script(text: &str, main: &str) -> Option<&'static str> {
             None => counts.push((script, 1)),
         }
     }
+    let letters: usize = counts.iter().map(|&(_, n)| n).sum();
+    let passage = |n: usize| {
+        n >= MIN_LETTERS || (n >= MIN_LETTERS_OTHER_SCRIPT && n as f64 >= MIN_SHARE_OTHER_SCRIPT * letters as f64)
+    };
     counts
         .into_iter()
-        .filter(|&(s, n)| n >= MIN_LETTERS && s.short_name() != main)
+        .filter(|&(s, n)| passage(n) && s.short_name() != main)
         .max_by_key(|&(_, n)| n)
         .map(|(s, _)| s.short_name())
 }

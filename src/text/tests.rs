@@ -593,3 +593,16 @@ fn a_later_passage_in_another_script_or_language_is_found_past_the_first_window(
     assert_eq!(detect(&english_prose(12_000)).elsewhere, None);
     assert_eq!(detect(&format!("{} Best, 王小明", english_prose(3000))).elsewhere, None);
 }
+
+#[test]
+fn code_mixed_chat_is_not_read_as_one_language() {
+    // A Chinese phrase in an English chat is a passage an English model cannot read...
+    for text in [
+        "Hi all, 请大家周五前提交报销单 thanks! The finance team needs them for the monthly close.",
+        "Your OTP is 482913. 请勿向任何人泄露验证码. Valid for 5 minutes.",
+    ] {
+        assert_eq!(detect(text).elsewhere.map(|e| e.script), Some("Hani"), "{text}");
+    }
+    // ...a name in another script is not.
+    assert_eq!(detect("Lunch with 王小明 and the marketing team on Friday at the usual place?").elsewhere, None);
+}

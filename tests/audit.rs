@@ -157,7 +157,8 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
         if action == "allow" {
             assert_eq!(shadows, 1, "{id}: the candidate reviews what the live policy allows");
         }
-        if *text == BENIGN {
+        // An unscreened request (shed before screening) keeps no text.
+        if *text == BENIGN && action != "unscreened" {
             assert!(r.text.value.contains("[email]") && !r.text.value.contains("jan@"), "{}", r.text.value);
             assert_eq!(r.text_chars, BENIGN.chars().count() as u64);
         }

@@ -48,8 +48,7 @@ impl Proxy {
         let request_id = (route.guard.is_some() && gateway.audit.is_some()).then(|| {
             parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
         });
-        gateway.tenants.strip_credentials(&mut parts.headers);
-        let original_host = self.prepare_request(route, &mut parts, screened);
+        let original_host = self.prepare_request(gateway, route, &mut parts, screened);
         // A body we hold whole can be sent again; a streamed one only once.
         let replayable = match &body {
             Outgoing::Bytes(b) => Some(b.clone()),
@@ -121,10 +120,13 @@ impl Proxy {
     /// The request's head as every attempt sends it; returns the client's `Host`.
     fn prepare_request(
         &self,
+        gateway: &Gateway,
         route: &Route,
         parts: &mut http::request::Parts,
         screened: Option<&Screening>,
     ) -> Option<HeaderValue> {
+        // tiergate's own credentials (API keys, the trusted tenant header) are not the app's.
+        gateway.tenants.strip_credentials(&mut parts.headers);
         let original_host = request_host_header(parts);
         prepare_request_headers(parts, self.via.as_deref(), self.trust_forwarded, screened);
         if route.guard.is_some() {

@@ -243,3 +243,6 @@ fn iso15924(script: whatlang::Script) -> &'static str {
         S::Thai => "Thai",
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,41 @@
+//! Language per window: a later passage in another language or script, and code-mixed chat.
+
+use super::detect;
+
+/// About `bytes` bytes of ordinary English prose.
+fn english_prose(bytes: usize) -> String {
+    let sentence = "Thanks for coming to the garden club meeting on Tuesday, we planted tomatoes and beans. ";
+    sentence.repeat(bytes / sentence.len() + 1)
+}
+
+#[test]
+fn a_later_passage_in_another_script_or_language_is_found_past_the_first_window() {
+    // Issue 25, item 3: 1 KiB of English followed by a Cyrillic scam is not an English text.
+    let scam = "Уважаемый клиент, ваша карта заблокирована. Переведите деньги на безопасный счёт сегодня.";
+    let l = detect(&format!("{}{scam}", english_prose(1100)));
+    assert_eq!((l.code, l.script), ("eng", "Latn"));
+    let e = l.elsewhere.expect("the Cyrillic passage is found");
+    assert_eq!(e.script, "Cyrl", "{e:?}");
+    // The same script, another language: found by the window that holds it.
+    let spanish = "Estimado cliente, su cuenta ha sido bloqueada por seguridad. Para desbloquearla debe \
+        confirmar sus datos bancarios y la clave que le enviamos por mensaje hoy mismo. "
+        .repeat(8);
+    let l = detect(&format!("{}{spanish}", english_prose(1100)));
+    assert_eq!(l.elsewhere.map(|e| (e.code, e.script)), Some(("spa", "Latn")));
+    // A long text in one language, or with a name in another script, has nothing elsewhere.
+    assert_eq!(detect(&english_prose(12_000)).elsewhere, None);
+    assert_eq!(detect(&format!("{} Best, 王小明", english_prose(3000))).elsewhere, None);
+}
+
+#[test]
+fn code_mixed_chat_is_not_read_as_one_language() {
+    // A Chinese phrase in an English chat is a passage an English model cannot read...
+    for text in [
+        "Hi all, 请大家周五前提交报销单 thanks! The finance team needs them for the monthly close.",
+        "Your OTP is 482913. 请勿向任何人泄露验证码. Valid for 5 minutes.",
+    ] {
+        assert_eq!(detect(text).elsewhere.map(|e| e.script), Some("Hani"), "{text}");
+    }
+    // ...a name in another script is not.
+    assert_eq!(detect("Lunch with 王小明 and the marketing team on Friday at the usual place?").elsewhere, None);
+}

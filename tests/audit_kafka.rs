@@ -21,8 +21,19 @@ use std::time::{Duration, Instant};
 const TOPIC: &str = "tiergate-audit";
 const TEXT: &str = "Your parcel is held at the depot; confirm the delivery fee at the link to release it.";
 
+/// A loopback port no other caller in this test binary got: the kernel may hand a released port
+/// to the next `bind(0)`, and two servers given one port made one exit at start (seen once in 80
+/// runs beside a CPU hog; suspected, its log was discarded then).
 fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return addr;
+        }
+    }
 }
 
 /// `tiergate serve` with the audit trail shipped to a broker.

@@ -227,6 +227,8 @@ pub struct Sidecar {
     pub child: std::process::Child,
     pub public: SocketAddr,
     pub admin: SocketAddr,
+    /// Its stderr, removed on drop.
+    log: PathBuf,
 }
 
 impl Sidecar {
@@ -253,11 +255,18 @@ impl Sidecar {
     }
 
     fn spawn(mut command: std::process::Command, public: SocketAddr, admin: SocketAddr) -> Sidecar {
-        let child = command.stderr(std::process::Stdio::null()).spawn().expect("the tiergate binary starts");
-        let mut sidecar = Sidecar { child, public, admin };
+        // Its log goes to a file, so that a start that fails says why.
+        let log = std::env::temp_dir().join(format!("tiergate-sidecar-{}-{}.log", std::process::id(), admin.port()));
+        let stderr = std::fs::File::create(&log).map_or_else(|_| std::process::Stdio::null(), Into::into);
+        let child = command.stderr(stderr).spawn().expect("the tiergate binary starts");
+        let mut sidecar = Sidecar { child, public, admin, log: log.clone() };
         let up = std::time::Instant::now();
         while std::net::TcpStream::connect(admin).is_err() {
-            assert!(sidecar.child.try_wait().unwrap().is_none(), "tiergate exited at start");
+            if sidecar.child.try_wait().unwrap().is_some() {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = said.lines().rev().take(5).collect();
+                panic!("tiergate exited at start (public {public}, admin {admin}): {tail:?}");
+            }
             assert!(up.elapsed() < std::time::Duration::from_secs(60), "tiergate did not start");
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -269,5 +278,6 @@ impl Drop for Sidecar {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }

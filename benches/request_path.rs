@@ -116,8 +116,14 @@ fn bench(c: &mut Criterion) {
         window: None,
         unread: false,
     };
-    let english =
-        tiergate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None };
+    let english = tiergate::text::Language {
+        code: "eng",
+        guess: "eng",
+        script: "Latn",
+        confidence: 0.9,
+        reliable: true,
+        elsewhere: None,
+    };
     c.bench_function("route/after_cpu", |b| {
         b.iter(|| after_cpu(black_box(&verdict), &english, &complexity, &policy, &Ok(())))
     });

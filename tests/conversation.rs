@@ -25,7 +25,10 @@ fn hidden_earlier() -> Vec<(&'static str, Value)> {
     let parts = |text: &str| json!([{"type": "text", "text": text}]);
     vec![
         ("system message", json!([{"role": "system", "content": PHISHING}, last])),
-        ("earlier user turn", json!([{"role": "user", "content": PHISHING}, {"role": "assistant", "content": "ok"}, last])),
+        (
+            "earlier user turn",
+            json!([{"role": "user", "content": PHISHING}, {"role": "assistant", "content": "ok"}, last]),
+        ),
         ("user content parts", json!([{"role": "user", "content": parts(PHISHING)}, last])),
         ("developer parts", json!([{"role": "developer", "content": parts(PHISHING)}, last])),
         ("assistant prefill", json!([last, {"role": "assistant", "content": PHISHING}])),

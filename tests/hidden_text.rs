@@ -42,12 +42,50 @@ fn hidden() -> impl Strategy<Value = String> {
         // isolates, soft hyphen, word joiner, BOM, invisible operators, interlinear annotation,
         // C0/C1 controls, combining grapheme joiner, Mongolian selectors, Hangul fillers.
         prop::sample::select(vec![
-            '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}',
-            '\u{202D}', '\u{202E}', '\u{2060}', '\u{2061}', '\u{2062}', '\u{2063}', '\u{2064}', '\u{2066}',
-            '\u{2067}', '\u{2068}', '\u{2069}', '\u{206A}', '\u{206F}', '\u{FEFF}', '\u{00AD}', '\u{061C}',
-            '\u{180E}', '\u{FFF9}', '\u{FFFA}', '\u{FFFB}', '\u{0000}', '\u{0007}', '\u{001B}', '\u{007F}',
-            '\u{0080}', '\u{009F}', '\u{034F}', '\u{180B}', '\u{180C}', '\u{180D}', '\u{3164}', '\u{FFA0}',
-            '\u{115F}', '\u{1160}', '\u{1D173}', '\u{1D17A}',
+            '\u{200B}',
+            '\u{200C}',
+            '\u{200D}',
+            '\u{200E}',
+            '\u{200F}',
+            '\u{202A}',
+            '\u{202B}',
+            '\u{202C}',
+            '\u{202D}',
+            '\u{202E}',
+            '\u{2060}',
+            '\u{2061}',
+            '\u{2062}',
+            '\u{2063}',
+            '\u{2064}',
+            '\u{2066}',
+            '\u{2067}',
+            '\u{2068}',
+            '\u{2069}',
+            '\u{206A}',
+            '\u{206F}',
+            '\u{FEFF}',
+            '\u{00AD}',
+            '\u{061C}',
+            '\u{180E}',
+            '\u{FFF9}',
+            '\u{FFFA}',
+            '\u{FFFB}',
+            '\u{0000}',
+            '\u{0007}',
+            '\u{001B}',
+            '\u{007F}',
+            '\u{0080}',
+            '\u{009F}',
+            '\u{034F}',
+            '\u{180B}',
+            '\u{180C}',
+            '\u{180D}',
+            '\u{3164}',
+            '\u{FFA0}',
+            '\u{115F}',
+            '\u{1160}',
+            '\u{1D173}',
+            '\u{1D17A}',
         ])
         .prop_map(|c| c.to_string()),
     ]
@@ -107,8 +145,10 @@ async fn hidden_characters_anywhere_never_lower_an_action() {
 async fn a_phishing_text_written_in_tag_characters_is_blocked_after_any_opening() {
     let phish = "Your account is locked. Confirm your password at http://secure-login.example.top now";
     let tags: String = phish.chars().map(|c| char::from_u32(0xE0000 + c as u32).unwrap()).collect();
-    let selectors: String =
-        phish.bytes().map(|b| char::from_u32(if b < 16 { 0xFE00 + b as u32 } else { 0xE0100 + b as u32 - 16 }).unwrap()).collect();
+    let selectors: String = phish
+        .bytes()
+        .map(|b| char::from_u32(if b < 16 { 0xFE00 + b as u32 } else { 0xE0100 + b as u32 - 16 }).unwrap())
+        .collect();
     for text in [format!("Hi! {tags}"), format!("Hi \u{1F44B}{tags}"), format!("Lunch? \u{1F354}{selectors}")] {
         let reply = classify_unhurried(default_server(), json!({"text": text})).await;
         let d = reply.json();

@@ -41,7 +41,8 @@ pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, m
     let allow = policy.rules.allowlisted(input);
     count_errors(&allow, metrics);
     if let Some((name, action, _)) = allow.matched {
-        let to = if policy.safety.allowlist_overrides_guards { action } else { floor.map_or(action, |f| action.max(f)) };
+        let to =
+            if policy.safety.allowlist_overrides_guards { action } else { floor.map_or(action, |f| action.max(f)) };
         if to < d.action {
             let reason = format!("allow-list lowered {} to {}", d.action.as_str(), to.as_str());
             d.path.push(step(Outcome::Lowered, &name, None, reason));

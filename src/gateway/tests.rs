@@ -128,7 +128,14 @@ async fn replay_in(
 }
 
 fn english() -> crate::text::Language {
-    crate::text::Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None }
+    crate::text::Language {
+        code: "eng",
+        guess: "eng",
+        script: "Latn",
+        confidence: 0.9,
+        reliable: true,
+        elsewhere: None,
+    }
 }
 
 fn path(d: &Decision) -> Vec<(TierName, Outcome)> {

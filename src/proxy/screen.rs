@@ -383,8 +383,17 @@ mod tests {
             collect_conversation(&Source::parse(spec).unwrap().get(&p, Some(&body)).unwrap(), &mut text);
         }
         let want = [
-            "anthropic system", "system prompt", "developer part", "user part one", "user part two",
-            "{\"q\": \"tool args\"}", "", "legacy args", "tool result", "nested tool result", "a refusal",
+            "anthropic system",
+            "system prompt",
+            "developer part",
+            "user part one",
+            "user part two",
+            "{\"q\": \"tool args\"}",
+            "",
+            "legacy args",
+            "tool result",
+            "nested tool result",
+            "a refusal",
             "assistant prefill",
         ];
         assert_eq!(text, want);

@@ -303,7 +303,10 @@ pub fn foreign(lang: &Language, policy: &Policy) -> Option<String> {
     }
     let e = lang.elsewhere.filter(|e| unknown(e.code) || foreign_script(e.script))?;
     let what = if e.code == "und" { format!("{} script", e.script) } else { format!("language {}", e.code) };
-    Some(format!("a later part of the text is in {what}: not a language the model was trained on ({})", known.join(", ")))
+    Some(format!(
+        "a later part of the text is in {what}: not a language the model was trained on ({})",
+        known.join(", ")
+    ))
 }
 
 /// Why an ok verdict cannot stand on a text the model did not read whole. The riskiest window

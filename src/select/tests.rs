@@ -427,9 +427,11 @@ fn text_in_another_language_never_gets_a_cpu_verdict() {
     }
     assert!(matches!(after_cpu(&verdict(0.99, Some(0.5)), &fr, &complexity(0.2), &p, &Ok(())), Next::Escalate { .. }));
     // A short text with an unsure guess stays with the model; a non-Latin script does not.
-    let short = Language { code: "und", guess: "spa", script: "Latn", confidence: 0.2, reliable: false, elsewhere: None };
+    let short =
+        Language { code: "und", guess: "spa", script: "Latn", confidence: 0.2, reliable: false, elsewhere: None };
     assert_eq!(after_cpu(&verdict(0.99, Some(0.5)), &short, &complexity(0.2), &p, &none), Next::Accept { note: None });
-    let cyrillic = Language { code: "und", guess: "rus", script: "Cyrl", confidence: 0.3, reliable: false, elsewhere: None };
+    let cyrillic =
+        Language { code: "und", guess: "rus", script: "Cyrl", confidence: 0.3, reliable: false, elsewhere: None };
     assert!(matches!(
         after_cpu(&verdict(0.99, Some(0.5)), &cyrillic, &complexity(0.2), &p, &none),
         Next::Rules { outcome: Outcome::Language, .. }

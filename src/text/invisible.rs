@@ -149,4 +149,3 @@ fn is_script_joiner(c: char) -> bool {
 fn uses_joiners(c: char) -> bool {
     !c.is_ascii() && c.script() != Script::Latin
 }
-

@@ -107,6 +107,9 @@ enum Command {
     /// length) and the total variation distance of the language shares; `--plot` draws the
     /// ECDFs. `tiergate drift reference` makes the reference from a validation file.
     Drift(cli::drift::DriftArgs),
+    /// Model directories: `tiergate model pack` turns your own ONNX classifier, its
+    /// tokenizer.json and a labelled validation JSONL into a directory the cpu tier serves.
+    Model(cli::model::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -147,6 +150,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Audit(args) => cli::audit::run(args),
         Command::Drift(args) => cli::drift::run(args),
+        Command::Model(args) => cli::model::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -83,7 +83,7 @@ async fn other_languages_never_get_a_cpu_verdict() {
         let d = decide(text, json!({})).await;
         assert_eq!(steps(&d)[0], ("cpu".into(), "language".into()), "{d}");
         assert_ne!(d["tier"], "cpu", "{d}");
-        assert!(d["path"][0]["reason"].as_str().unwrap().contains("not one the model was trained on"), "{d}");
+        assert!(d["path"][0]["reason"].as_str().unwrap().contains("not one the model reads"), "{d}");
     }
     // A foreign fee request with a link: a person looks (never allowed); an invitation is never blocked.
     let scam = decide(

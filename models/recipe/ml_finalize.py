@@ -3,7 +3,7 @@
 Usage: ml_finalize.py DATA_DIR BASE_DIR STUDENT_CKPT_DIR OUT_DIR
   STUDENT_CKPT_DIR = ml_train.py's CKPT/student_L{n}: model.pt, or (run not finished) the latest resume.pt, so that the
   pipeline can be proven on an early checkpoint. Writes OUT_DIR/{NAME.onnx, tokenizer.json, model.json,
-  calibration.json, metrics.json}; never writes into models/ (the served files are replaced by hand after review).
+  calibration.json, ood.json, metrics.json}; never writes into models/ (the served files are replaced by hand after review).
 
 Served mode = tiergate's cpu tier: one text at a time, first 128 tokens (</s> kept last), no padding.
 Quantisation as the old recipe (finalize.py): quantize_static(QDQ, per_channel=True, weights QInt8), calibration = 300
@@ -196,6 +196,26 @@ R["val_per_lang_before"] = per_lang_metrics(lv, 1.0); R["val_per_lang_after"] = 
 R["val_fp32_per_lang"] = per_lang_metrics(lv_fp32, 1.0)
 print("T", round(temp, 4), json.dumps(R["val_per_lang_after"]), flush=True)
 
+# ---------- OOD score data (served mode, as finalize.py): 1 - max cosine to k-means centroids of the training
+# embeddings; the score is the empirical CDF of that distance over the validation split (src/tier/model.rs reads it)
+from sklearn.cluster import KMeans
+train_ids = [window_ids(e.ids, r["window"]) for r, e in zip(train, tok.encode_batch([r["text"] for r in train]))]
+_, etr = m2.served(train_ids)
+C = KMeans(n_clusters=32, random_state=0, n_init=4).fit(etr).cluster_centers_
+C = C / np.linalg.norm(C, axis=1, keepdims=True); C = np.round(C, 5); C = C / np.linalg.norm(C, axis=1, keepdims=True)
+dist = lambda E: 1.0 - (E @ C.T).max(1)
+qs = np.quantile(dist(ev), np.linspace(0, 1, 101))
+R["ood"] = {"k": 32, "train_texts": len(train_ids), "val_distance_p50": round(float(np.median(dist(ev))), 4),
+            "train_distance_p50": round(float(np.median(dist(etr))), 4)}
+json.dump({"method": "1 - max cosine similarity to k-means centroids of training embeddings; score = empirical CDF over validation",
+           "k": 32, "fitted_on": f"INT8 model embeddings (served mode: one text at a time, its training window of {MAX_LEN} tokens, "
+                                 f"unpadded) of the training split ({len(train_ids)} texts, all languages); quantiles over the "
+                                 f"validation split ({len(val)} texts)",
+           "interpolation": "linear between the 101 quantiles; below the first -> 0, above the last -> 1",
+           "centroids": [[round(float(v), 5) for v in c] for c in C], "quantiles": [round(float(v), 5) for v in qs]},
+          open(os.path.join(out, "ood.json"), "w"))
+print("ood", R["ood"], flush=True)
+
 # ---------- batch invariance: 64 val texts (16 per token-length quartile), alone vs in padded batches of 8 (and 32)
 pool = sorted(range(len(val)), key=lambda i: len(val_ids[i])); rnd = random.Random(SEED + 1); q = len(pool) // 4
 pick = [i for k in range(4) for i in rnd.sample(pool[k * q:(k + 1) * q], min(16, q))]; rnd.shuffle(pick)
@@ -217,24 +237,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def sess1(p):
     so = ort.SessionOptions(); so.intra_op_num_threads = 1; so.inter_op_num_threads = 1
     return ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
-ref = sess1(os.path.join(REPO, "models", "risk-minilm-l6-int8.onnx")); me = sess1(final)
-rng = np.random.default_rng(0)
-x_ml = np.array([[BOS] + rng.integers(4, cfg.vocab_size, 126).tolist() + [EOS]], np.int64)
-x_mini = np.array([[101] + rng.integers(1000, 30000, 126).tolist() + [102]], np.int64); one = np.ones((1, 128), np.int64)
-tr, tm = [], []
-import signal
-pause = int(os.environ["PAUSE_PID"]) if os.environ.get("PAUSE_PID") else None   # our own background training: stopped
-if pause: os.kill(pause, signal.SIGSTOP); time.sleep(2)                        # while timing, resumed right after
-try:
-  for r in range(220):
-    t0 = time.perf_counter(); ref.run(None, {"input_ids": x_mini, "attention_mask": one}); a = time.perf_counter() - t0
-    t0 = time.perf_counter(); me.run(None, {"input_ids": x_ml, "attention_mask": one}); b = time.perf_counter() - t0
-    if r >= 20: tr.append(a); tm.append(b)
-finally:
-    if pause: os.kill(pause, signal.SIGCONT)
-R["latency_1thread_128tok_ms"] = {"student_int8": round(float(np.median(tm)) * 1e3, 3), "minilm_l6_int8": round(float(np.median(tr)) * 1e3, 3),
-                                  "ratio": round(float(np.median(tm) / np.median(tr)), 3), "paused_pid": pause,
-                                  "note": "indicative: the machine is shared (Rust builds); ml_cost.py's table is the reference"}
+# The English MiniLM this model replaced: models/ before ml_build.sh installs, or BASELINE_ONNX (e.g. a copy from git
+# history: git show 5b8e90b:models/risk-minilm-l6-int8.onnx > /tmp/minilm.onnx); without it the timing is skipped.
+ref_path = os.environ.get("BASELINE_ONNX") or os.path.join(REPO, "models", "risk-minilm-l6-int8.onnx")
+if not os.path.exists(ref_path):
+    R["latency_1thread_128tok_ms"] = {"skipped": f"{ref_path} not found (set BASELINE_ONNX)"}
+else:
+  ref = sess1(ref_path); me = sess1(final)
+  rng = np.random.default_rng(0)
+  x_ml = np.array([[BOS] + rng.integers(4, cfg.vocab_size, 126).tolist() + [EOS]], np.int64)
+  x_mini = np.array([[101] + rng.integers(1000, 30000, 126).tolist() + [102]], np.int64); one = np.ones((1, 128), np.int64)
+  tr, tm = [], []
+  import signal
+  pause = int(os.environ["PAUSE_PID"]) if os.environ.get("PAUSE_PID") else None   # our own background training: stopped
+  if pause: os.kill(pause, signal.SIGSTOP); time.sleep(2)                        # while timing, resumed right after
+  try:
+    for r in range(220):
+      t0 = time.perf_counter(); ref.run(None, {"input_ids": x_mini, "attention_mask": one}); a = time.perf_counter() - t0
+      t0 = time.perf_counter(); me.run(None, {"input_ids": x_ml, "attention_mask": one}); b = time.perf_counter() - t0
+      if r >= 20: tr.append(a); tm.append(b)
+  finally:
+      if pause: os.kill(pause, signal.SIGCONT)
+  R["latency_1thread_128tok_ms"] = {"student_int8": round(float(np.median(tm)) * 1e3, 3), "minilm_l6_int8": round(float(np.median(tr)) * 1e3, 3),
+                                    "ratio": round(float(np.median(tm) / np.median(tr)), 3), "paused_pid": pause,
+                                    "note": "indicative: the machine is shared (Rust builds); ml_cost.py's table is the reference"}
 print("latency", R["latency_1thread_128tok_ms"], flush=True)
 
 # ---------- artefacts (in OUT_DIR only)

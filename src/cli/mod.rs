@@ -3,4 +3,5 @@
 pub mod audit;
 pub mod calibrate;
 pub mod drift;
+pub mod model;
 pub mod time;

@@ -39,15 +39,26 @@ pub struct Cascade {
     /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its
     /// confidence: it escalates to the gpu tier when eligible, else goes to rules.
     pub ood_above: f64,
-    /// Languages (ISO 639-3) the cpu model was trained on: a text reliably detected in another
-    /// language, or mostly in a non-Latin script, never gets a cpu verdict; it goes on like
-    /// out-of-distribution text.
+    /// Languages (ISO 639-3, as `text::Language::code`) the cpu model was measured to read: a
+    /// text reliably detected in another language, in any of its windows, never gets a cpu
+    /// verdict; it goes on like out-of-distribution text. Romanised Hindi is `hin` in the `Latn`
+    /// script.
     #[serde(default = "english")]
     pub model_languages: Vec<String>,
+    /// Scripts (ISO 15924: "Latn", "Hani", "Cyrl", "Arab", "Deva", "Hira", "Kana", ...) the cpu
+    /// model was measured to read. A text whose main script, or a passage of another script in it
+    /// (code-mixed chat), is outside this list never gets a cpu verdict, whatever its language
+    /// guess (short texts have no reliable language, but their script is always known).
+    #[serde(default = "latin")]
+    pub model_scripts: Vec<String>,
 }
 
 fn english() -> Vec<String> {
     vec!["eng".into()]
+}
+
+fn latin() -> Vec<String> {
+    vec!["Latn".into()]
 }
 
 impl Cascade {

@@ -59,7 +59,8 @@ pub enum Outcome {
     OutOfDistribution,
     /// The text ran past the model's windows: part of it was not read.
     Unread,
-    /// The text is in a language the model was not trained on (`[cascade] model_languages`).
+    /// The text is in a language or script the model does not read (`[cascade] model_languages`,
+    /// `model_scripts`).
     Language,
     /// The deadline passed before the tier answered.
     Timeout,
@@ -287,26 +288,24 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     }
 }
 
-/// Why the cpu model cannot judge a text in this language: a reliably detected language, or a
-/// main script other than Latin, outside `[cascade] model_languages` — in its first window or
-/// anywhere past it ([`Language::elsewhere`]: a later window in another language, or a passage in
-/// another script).
+/// Why the cpu model cannot judge a text in this language: a reliably detected language outside
+/// `[cascade] model_languages`, or a script outside `[cascade] model_scripts` — in its first
+/// window or anywhere past it ([`Language::elsewhere`]: a later window in another language, or a
+/// passage in another script, as in code-mixed chat).
 pub fn foreign(lang: &Language, policy: &Policy) -> Option<String> {
-    let known = &policy.cascade.model_languages;
-    let unknown = |code: &str| code != "und" && !known.iter().any(|k| k == code);
-    let foreign_script = |script: &str| !matches!(script, "Latn" | "Zzzz");
+    let (languages, scripts) = (&policy.cascade.model_languages, &policy.cascade.model_scripts);
+    let unknown = |code: &str| code != "und" && !languages.iter().any(|k| k == code);
+    let unknown_script = |script: &str| script != "Zzzz" && !scripts.iter().any(|k| k == script);
+    let served = || format!("{}; scripts {}", languages.join(", "), scripts.join(", "));
     if lang.reliable && unknown(lang.code) {
-        return Some(format!("language {} is not one the model was trained on ({})", lang.code, known.join(", ")));
+        return Some(format!("language {} is not one the model reads ({})", lang.code, served()));
     }
-    if foreign_script(lang.script) {
-        return Some(format!("{} script: not a language the model was trained on ({})", lang.script, known.join(", ")));
+    if unknown_script(lang.script) {
+        return Some(format!("{} script is not one the model reads ({})", lang.script, served()));
     }
-    let e = lang.elsewhere.filter(|e| unknown(e.code) || foreign_script(e.script))?;
-    let what = if e.code == "und" { format!("{} script", e.script) } else { format!("language {}", e.code) };
-    Some(format!(
-        "a later part of the text is in {what}: not a language the model was trained on ({})",
-        known.join(", ")
-    ))
+    let e = lang.elsewhere.filter(|e| unknown(e.code) || unknown_script(e.script))?;
+    let what = if unknown(e.code) { format!("language {}", e.code) } else { format!("{} script", e.script) };
+    Some(format!("a later part of the text is in {what}: not one the model reads ({})", served()))
 }
 
 /// Why an ok verdict cannot stand on a text the model did not read whole. The riskiest window

@@ -533,3 +533,29 @@ fn a_later_part_in_a_language_the_model_does_not_read_is_foreign() {
     multilingual.cascade.model_languages.push("spa".into());
     assert_eq!(foreign(&mixed, &multilingual), None, "a language the model reads is not foreign anywhere");
 }
+
+#[test]
+fn served_scripts_and_mixtures_are_not_foreign() {
+    // Issue 26: the gate judges scripts too, so a multilingual model can serve Chinese, code-mixed
+    // Chinese/English and short texts whose language is unsure but whose script is known.
+    let p = policy("");
+    let zh = Language { code: "und", guess: "cmn", script: "Hani", confidence: 0.4, reliable: false, elsewhere: None };
+    assert!(foreign(&zh, &p).unwrap().contains("Hani script"), "{:?}", foreign(&zh, &p));
+    let mut mixed = en();
+    mixed.elsewhere = Some(crate::text::Elsewhere { code: "und", script: "Hani" });
+    assert!(foreign(&mixed, &p).unwrap().contains("Hani script"));
+    let mut multilingual = policy("");
+    multilingual.cascade.model_languages.push("cmn".into());
+    multilingual.cascade.model_scripts.push("Hani".into());
+    assert_eq!(foreign(&zh, &multilingual), None, "a served script with an unsure language is read");
+    assert_eq!(foreign(&mixed, &multilingual), None, "code-mixed chat in served scripts is read");
+    let cmn = Language { code: "cmn", reliable: true, confidence: 0.9, ..zh };
+    assert_eq!(foreign(&cmn, &multilingual), None);
+    // A served script does not serve every language written in it.
+    let ru = Language { code: "rus", guess: "rus", script: "Cyrl", confidence: 0.9, reliable: true, elsewhere: None };
+    multilingual.cascade.model_scripts.push("Cyrl".into());
+    assert!(foreign(&ru, &multilingual).unwrap().contains("language rus"));
+    let mut ukr_later = cmn;
+    ukr_later.elsewhere = Some(crate::text::Elsewhere { code: "ukr", script: "Cyrl" });
+    assert!(foreign(&ukr_later, &multilingual).unwrap().contains("language ukr"));
+}

@@ -135,6 +135,18 @@ fn detect_window(sample: &str) -> Language {
         };
     };
     let enough = sample.chars().filter(|c| c.is_alphabetic()).take(MIN_LETTERS).count() >= MIN_LETTERS;
+    if info.script() == whatlang::Script::Latin && romanised_hindi(sample) {
+        // whatlang has no profile for Hindi in Latin letters (it guesses Indonesian, Tagalog or
+        // English), so its own answer would be wrong either way.
+        return Language {
+            code: "hin",
+            guess: "hin",
+            script: "Latn",
+            confidence: 1.0,
+            reliable: true,
+            elsewhere: None,
+        };
+    }
     let reliable = enough && (info.confidence() >= MIN_CONFIDENCE || beats_english(sample, info.lang()));
     Language {
         code: if reliable { info.lang().code() } else { "und" },
@@ -181,6 +193,40 @@ fn other_script(text: &str, main: &str) -> Option<&'static str> {
         .filter(|&(s, n)| passage(n) && s.short_name() != main)
         .max_by_key(|&(_, n)| n)
         .map(|(s, _)| s.short_name())
+}
+
+/// Words of Hindi (and Urdu) written in Latin letters that other Latin-script languages rarely
+/// use: verbs, pronouns, question words and particles of everyday chat ("bhai mujhe 2000 rupaye
+/// bhej do, kal wapas kar dunga"). Words shared with English, Indonesian, Spanish or Tagalog
+/// ("do", "main", "ke", "se", "na", "ko") are left out, so it takes Hindi to reach the share.
+const HINDI_LATN: &[&str] = &[
+    "aap", "aapka", "aapki", "aapke", "aapko", "abhi", "acha", "accha", "achha", "apna", "apni", "apne", "aur",
+    "bahut", "bata", "batao", "bataiye", "bhai", "bhaiya", "bhej", "bhejo", "bhejiye", "bhejna", "bhi", "bohot",
+    "chahiye", "chahte", "dena", "dijiye", "diya", "dunga", "dungi", "gaya", "gayi", "haan", "hai", "hain", "hoga",
+    "hogi", "hum", "humein", "hamara", "hamare", "jaldi", "jayega", "kaise", "kahan", "kar", "karo", "karna", "karke",
+    "karein", "kariye", "karunga", "karenge", "kijiye", "kuch", "kya", "kyun", "kyu", "lekin", "lena", "liye", "mera",
+    "meri", "mere", "mein", "mujhe", "nahi", "nahin", "paisa", "paise", "raha", "rahe", "rahi", "rupaye", "sakta",
+    "sakte", "sakti", "tha", "thi", "theek", "thik", "toh", "tum", "tumhara", "tumhe", "unka", "uska", "wala", "wale",
+    "wali", "yaar", "yeh", "woh", "wapas", "ji", "kal", "karwa",
+];
+
+/// Whether a Latin-script sample reads as romanised Hindi: at least three distinct words of
+/// [`HINDI_LATN`], making up a fifth of its words or more. English chat with a Hindi word or two
+/// ("thanks bhai, see you kal") stays English.
+fn romanised_hindi(sample: &str) -> bool {
+    let mut words = 0usize;
+    let mut hits: Vec<&str> = Vec::new();
+    for w in sample.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        words += 1;
+        let lower = w.to_lowercase();
+        if let Some(&m) = HINDI_LATN.iter().find(|&&m| m == lower) {
+            hits.push(m);
+        }
+    }
+    let share = hits.len() * 5 >= words;
+    hits.sort_unstable();
+    hits.dedup();
+    hits.len() >= 3 && share
 }
 
 /// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.

@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod manifest;
 pub mod model;
 pub mod onnx;
+pub mod ood;
 pub mod service;
 pub mod windows;
 

@@ -13,6 +13,7 @@
 
 pub use super::config::Provider;
 use super::manifest;
+use super::ood::{OodFile, OodScorer};
 use super::windows::{encode, Encoded, TokenCounter, Windows};
 use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
@@ -38,53 +39,6 @@ pub struct Manifest {
     pub embedding_dim: Option<usize>,
 }
 
-/// `ood.json`.
-#[derive(Debug, Clone, Deserialize)]
-struct OodFile {
-    centroids: Vec<Vec<f32>>,
-    quantiles: Vec<f64>,
-}
-
-/// Out-of-distribution score from the distance to the training data in embedding space:
-/// `d = 1 - max_c cos(e, c)` over k-means centroids `c` of the training embeddings, turned
-/// into the empirical CDF of `d` over the validation split, interpolated linearly between its
-/// 101 quantiles (0 below the first, 1 above the last; as `ood.json` states). 0.5 is a typical
-/// in-domain input; 1.0 is farther than every validation input.
-#[derive(Debug, Clone)]
-pub struct OodScorer {
-    dim: usize,
-    centroids: Vec<f32>,
-    /// Ascending quantiles of `d` at probabilities `i / (len - 1)`.
-    quantiles: Vec<f64>,
-}
-
-impl OodScorer {
-    /// `embedding` must be L2-normalised, length `dim`.
-    pub fn score(&self, embedding: &[f32]) -> f64 {
-        let best = self
-            .centroids
-            .chunks_exact(self.dim)
-            .map(|c| c.iter().zip(embedding).map(|(a, b)| a * b).sum::<f32>())
-            .fold(f32::MIN, f32::max);
-        ecdf(&self.quantiles, 1.0 - best as f64)
-    }
-}
-
-/// The empirical CDF at `x` from ascending quantiles at probabilities `i / (n - 1)`.
-fn ecdf(quantiles: &[f64], x: f64) -> f64 {
-    let n = quantiles.len();
-    let i = quantiles.partition_point(|&q| q <= x);
-    if i == 0 {
-        return 0.0;
-    }
-    if i == n || n == 1 {
-        return 1.0;
-    }
-    let (lo, hi) = (quantiles[i - 1], quantiles[i]);
-    let frac = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
-    ((i - 1) as f64 + frac) / (n - 1) as f64
-}
-
 /// Facts about the loaded model, for `/readyz`, logs and the model card check.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelInfo {
@@ -105,6 +59,8 @@ pub struct ModelAssets {
     pub info: ModelInfo,
     /// The model's tokenizer: windows of `max_seq_len` tokens (see [`Windows`]).
     tokenizer: Tokenizer,
+    /// The id padding gets in a batch: the tokenizer's `[PAD]` or `<pad>` (0 if it has neither).
+    pad_id: i64,
     windows: Windows,
     ood: OodScorer,
 }
@@ -162,6 +118,7 @@ impl ModelAssets {
         let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", tokenizer_path.display()))?;
         tokenizer.with_padding(None);
+        let pad_id = ["[PAD]", "<pad>"].iter().find_map(|t| tokenizer.token_to_id(t)).map_or(0, i64::from);
         let windows = Windows::default();
         windows.configure(&mut tokenizer, manifest.max_seq_len)?;
 
@@ -179,11 +136,7 @@ impl ModelAssets {
             &std::fs::read(&ood_path).with_context(|| format!("reading {}", ood_path.display()))?,
         )
         .with_context(|| format!("parsing {}", ood_path.display()))?;
-        let dim = manifest.embedding_dim.or_else(|| ood.centroids.first().map(|c| c.len())).unwrap_or(0);
-        if dim == 0 || ood.centroids.iter().any(|c| c.len() != dim) || ood.quantiles.is_empty() {
-            bail!("{}: centroids must all have length {dim} and quantiles must not be empty", ood_path.display());
-        }
-        let ood = OodScorer { dim, centroids: ood.centroids.concat(), quantiles: ood.quantiles };
+        let ood = OodScorer::new(ood, manifest.embedding_dim).with_context(|| ood_path.display().to_string())?;
 
         Ok(ModelAssets {
             info: ModelInfo {
@@ -195,6 +148,7 @@ impl ModelAssets {
                 onnx_path,
             },
             tokenizer,
+            pad_id,
             windows,
             ood,
         })
@@ -205,6 +159,11 @@ impl ModelAssets {
         windows.configure(&mut self.tokenizer, self.info.max_seq_len)?;
         self.windows = windows;
         Ok(self)
+    }
+
+    /// Length of the model's `embedding` output.
+    pub fn embedding_dim(&self) -> usize {
+        self.ood.dim
     }
 
     /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
@@ -317,12 +276,43 @@ impl Classifier {
     /// Classifies a batch of encodings, padding to the longest sequence in the batch (not to
     /// `max_seq_len`). Blocking: call from a worker thread, never from the async runtime.
     pub fn run(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Output>> {
+        let (logits, embeddings) = self.infer(encodings)?;
+        let (t, dim) = (self.assets.info.temperature, self.assets.ood.dim);
+        Ok((0..encodings.len())
+            .map(|i| {
+                let z = [logits[2 * i], logits[2 * i + 1]];
+                let p = softmax_t(&z, t);
+                Output {
+                    logits: z,
+                    risk_score: p[1],
+                    confidence: p[0].max(p[1]),
+                    ood_score: self.assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
+                    tokens: encodings[i].get_ids().len(),
+                    window: None,
+                    unread: false,
+                }
+            })
+            .collect())
+    }
+
+    /// The model's `embedding` output for each encoding (L2-normalised, length
+    /// [`ModelAssets::embedding_dim`]), as [`Classifier::run`] sees it before the OOD score
+    /// (`tiergate model pack` fits `ood.json` on these).
+    pub fn embed(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let (_, embeddings) = self.infer(encodings)?;
+        Ok(embeddings.chunks_exact(self.assets.ood.dim).map(<[f32]>::to_vec).collect())
+    }
+
+    /// One ONNX Runtime run: `(logits [batch * 2], embeddings [batch * dim])`, row-major.
+    fn infer(&mut self, encodings: &[Encoding]) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
         if encodings.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let batch = encodings.len();
         let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(1).max(1);
-        let mut ids = vec![0i64; batch * seq];
+        // Padding never reaches a score (the mask hides it); the tokenizer's own pad id keeps the
+        // input what the model was exported with.
+        let mut ids = vec![self.assets.pad_id; batch * seq];
         let mut mask = vec![0i64; batch * seq];
         for (row, e) in encodings.iter().enumerate() {
             for (col, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
@@ -346,36 +336,6 @@ impl Classifier {
                 embeddings.len()
             );
         }
-        let t = self.assets.info.temperature;
-        Ok((0..batch)
-            .map(|i| {
-                let z = [logits[2 * i], logits[2 * i + 1]];
-                let p = softmax_t(&z, t);
-                Output {
-                    logits: z,
-                    risk_score: p[1],
-                    confidence: p[0].max(p[1]),
-                    ood_score: self.assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
-                    tokens: encodings[i].get_ids().len(),
-                    window: None,
-                    unread: false,
-                }
-            })
-            .collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ecdf;
-
-    #[test]
-    fn ecdf_interpolates_between_quantiles() {
-        let q = [0.0, 0.1, 0.2, 0.4, 1.0];
-        assert_eq!(ecdf(&q, -1.0), 0.0);
-        assert_eq!(ecdf(&q, 0.1), 0.25);
-        assert!((ecdf(&q, 0.3) - 0.625).abs() < 1e-12);
-        assert_eq!(ecdf(&q, 1.0), 1.0);
-        assert_eq!(ecdf(&q, 2.0), 1.0);
+        Ok((logits.to_vec(), embeddings.to_vec()))
     }
 }

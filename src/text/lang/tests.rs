@@ -39,3 +39,25 @@ fn code_mixed_chat_is_not_read_as_one_language() {
     // ...a name in another script is not.
     assert_eq!(detect("Lunch with 王小明 and the marketing team on Friday at the usual place?").elsewhere, None);
 }
+
+#[test]
+fn romanised_hindi_is_hindi_in_latin_letters() {
+    // whatlang has no profile for it; an English model reading it blocked a loan request from a
+    // friend (issue 26).
+    for text in [
+        "bhai mujhe 2000 rupaye bhej do, kal wapas kar dunga pakka",
+        "Aapka parcel customs mein ruka hai, abhi 500 rupaye ka fine bhariye warna return ho jayega",
+        "yaar kya scene hai aaj raat ka? mujhe thoda late hoga office se",
+    ] {
+        let l = detect(text);
+        assert_eq!((l.code, l.script, l.reliable), ("hin", "Latn", true), "{text}");
+    }
+    // English with a Hindi word or two, and languages that share a few short words, are not.
+    for (text, not) in [
+        ("Thanks bhai, see you at the office tomorrow for the quarterly review meeting.", "hin"),
+        ("Saya akan ke kantor besok pagi untuk rapat dengan tim keuangan, jangan lupa bawa laporan.", "hin"),
+        ("Ich habe mein Passwort vergessen und kann mich nicht mehr bei meinem Konto anmelden.", "hin"),
+    ] {
+        assert_ne!(detect(text).code, not, "{text}");
+    }
+}

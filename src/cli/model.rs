@@ -11,7 +11,7 @@
 use anyhow::{bail, ensure, Context as _};
 use std::path::{Path, PathBuf};
 use tiergate::calibrate::{confidences, ece, fit_temperature, nll, CalibrationFile};
-use tiergate::tier::manifest::{sha256_hex, MANIFEST};
+use tiergate::tier::manifest::{self, sha256_hex, MANIFEST};
 use tiergate::tier::model::{ModelAssets, Provider, SessionOptions};
 use tiergate::tier::ood;
 
@@ -292,14 +292,13 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// `MANIFEST.sha256` over every file the loader reads (sha256sum format).
+/// `MANIFEST.sha256` over every file the loader reads, written anew by the manifest's own writer.
 fn write_manifest(dir: &Path, onnx_file: &str) -> anyhow::Result<()> {
-    let mut text = String::new();
+    std::fs::write(dir.join(MANIFEST), "").with_context(|| format!("writing {}", dir.join(MANIFEST).display()))?;
     for f in ["model.json", onnx_file, "tokenizer.json", "calibration.json", "ood.json"] {
-        let bytes = std::fs::read(dir.join(f)).with_context(|| format!("reading {}", dir.join(f).display()))?;
-        text += &format!("{}  {f}\n", sha256_hex(&bytes));
+        manifest::record(&dir.join(f))?;
     }
-    std::fs::write(dir.join(MANIFEST), text).with_context(|| format!("writing {}", dir.join(MANIFEST).display()))
+    Ok(())
 }
 
 /// The validation set as the server scores it: each text's logits (the riskiest window's at

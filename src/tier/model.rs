@@ -276,66 +276,75 @@ impl Classifier {
     /// Classifies a batch of encodings, padding to the longest sequence in the batch (not to
     /// `max_seq_len`). Blocking: call from a worker thread, never from the async runtime.
     pub fn run(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Output>> {
-        let (logits, embeddings) = self.infer(encodings)?;
-        let (t, dim) = (self.assets.info.temperature, self.assets.ood.dim);
-        Ok((0..encodings.len())
-            .map(|i| {
-                let z = [logits[2 * i], logits[2 * i + 1]];
-                let p = softmax_t(&z, t);
-                Output {
-                    logits: z,
-                    risk_score: p[1],
-                    confidence: p[0].max(p[1]),
-                    ood_score: self.assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
-                    tokens: encodings[i].get_ids().len(),
-                    window: None,
-                    unread: false,
-                }
-            })
-            .collect())
+        let (assets, t, dim) = (&self.assets, self.assets.info.temperature, self.assets.ood.dim);
+        infer(&mut self.session, assets.pad_id, dim, encodings, |logits, embeddings| {
+            (0..encodings.len())
+                .map(|i| {
+                    let z = [logits[2 * i], logits[2 * i + 1]];
+                    let p = softmax_t(&z, t);
+                    Output {
+                        logits: z,
+                        risk_score: p[1],
+                        confidence: p[0].max(p[1]),
+                        ood_score: assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
+                        tokens: encodings[i].get_ids().len(),
+                        window: None,
+                        unread: false,
+                    }
+                })
+                .collect()
+        })
     }
 
     /// The model's `embedding` output for each encoding (L2-normalised, length
     /// [`ModelAssets::embedding_dim`]), as [`Classifier::run`] sees it before the OOD score
     /// (`tiergate model pack` fits `ood.json` on these).
     pub fn embed(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (_, embeddings) = self.infer(encodings)?;
-        Ok(embeddings.chunks_exact(self.assets.ood.dim).map(<[f32]>::to_vec).collect())
-    }
-
-    /// One ONNX Runtime run: `(logits [batch * 2], embeddings [batch * dim])`, row-major.
-    fn infer(&mut self, encodings: &[Encoding]) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
-        if encodings.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let batch = encodings.len();
-        let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(1).max(1);
-        // Padding never reaches a score (the mask hides it); the tokenizer's own pad id keeps the
-        // input what the model was exported with.
-        let mut ids = vec![self.assets.pad_id; batch * seq];
-        let mut mask = vec![0i64; batch * seq];
-        for (row, e) in encodings.iter().enumerate() {
-            for (col, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
-                ids[row * seq + col] = id as i64;
-                mask[row * seq + col] = m as i64;
-            }
-        }
-        let shape = [batch as i64, seq as i64];
-        let inputs = ort::inputs![
-            "input_ids" => Tensor::from_array((shape, ids))?,
-            "attention_mask" => Tensor::from_array((shape, mask))?,
-        ];
-        let outputs = self.session.run(inputs)?;
-        let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let (_, embeddings) = outputs["embedding"].try_extract_tensor::<f32>()?;
         let dim = self.assets.ood.dim;
-        if logits.len() != batch * 2 || embeddings.len() != batch * dim {
-            bail!(
-                "model returned {} logits and {} embedding values for a batch of {batch}",
-                logits.len(),
-                embeddings.len()
-            );
-        }
-        Ok((logits.to_vec(), embeddings.to_vec()))
+        infer(&mut self.session, self.assets.pad_id, dim, encodings, |_, embeddings| {
+            embeddings.chunks_exact(dim).map(<[f32]>::to_vec).collect()
+        })
     }
+}
+
+/// One ONNX Runtime run; `read` gets `(logits [batch * 2], embeddings [batch * dim])`,
+/// row-major, in ONNX Runtime's own buffers (no copy on the request path).
+fn infer<T>(
+    session: &mut Session,
+    pad_id: i64,
+    dim: usize,
+    encodings: &[Encoding],
+    read: impl FnOnce(&[f32], &[f32]) -> T,
+) -> anyhow::Result<T> {
+    if encodings.is_empty() {
+        return Ok(read(&[], &[]));
+    }
+    let batch = encodings.len();
+    let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(1).max(1);
+    // Padding never reaches a score (the mask hides it); the tokenizer's own pad id keeps the
+    // input what the model was exported with.
+    let mut ids = vec![pad_id; batch * seq];
+    let mut mask = vec![0i64; batch * seq];
+    for (row, e) in encodings.iter().enumerate() {
+        for (col, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
+            ids[row * seq + col] = id as i64;
+            mask[row * seq + col] = m as i64;
+        }
+    }
+    let shape = [batch as i64, seq as i64];
+    let inputs = ort::inputs![
+        "input_ids" => Tensor::from_array((shape, ids))?,
+        "attention_mask" => Tensor::from_array((shape, mask))?,
+    ];
+    let outputs = session.run(inputs)?;
+    let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+    let (_, embeddings) = outputs["embedding"].try_extract_tensor::<f32>()?;
+    if logits.len() != batch * 2 || embeddings.len() != batch * dim {
+        bail!(
+            "model returned {} logits and {} embedding values for a batch of {batch}",
+            logits.len(),
+            embeddings.len()
+        );
+    }
+    Ok(read(logits, embeddings))
 }

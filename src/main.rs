@@ -348,7 +348,8 @@ fn check_policy(dir: &Path, against: Option<&Path>, config: Option<PathBuf>) -> 
     config.policies.watch = false;
     config.admission.tenant_rps = 0;
     config.tenants.without_limits();
-    config.shadow = tiergate::gateway::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None };
+    config.shadow =
+        tiergate::gateway::ShadowConfig { dir: Some(dir.to_path_buf()), share: 1.0, log: None, model: None };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let gateway = Gateway::start(&GatewayConfig { audit: None, ..config.gateway() }, Sources::default())?;

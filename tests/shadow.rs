@@ -1,6 +1,8 @@
 //! Shadow evaluation: a candidate policy decides beside the live one on live traffic, its
 //! disagreements are counted by kind and logged with both decisions, and it never changes a
-//! response. Also `check-policy --against`, which replays labelled requests the same way.
+//! response; a candidate model scores beside the live cpu tier and `tiergate model agreement`
+//! reports how often they agree. Also `check-policy --against`, which replays labelled requests
+//! the same way.
 
 mod common;
 use common::*;
@@ -67,6 +69,81 @@ async fn a_shadow_policy_is_counted_and_logged_and_never_changes_a_response() {
     let tier_disagreements = metric(&metrics, "tiergate_shadow_disagreements_total{kind=\"tier\"}");
     assert!(by_model >= texts.len() as u64 / 2, "most of the sample is decided by the model");
     assert_eq!(tier_disagreements, by_model, "{metrics}");
+}
+
+/// The bundled model as its own candidate: every request is scored (also those the live cpu tier
+/// gives no verdict, e.g. Chinese for the English model), the pairs are counted and logged, and
+/// where the live cpu tier scored, the candidate's score is the same (one model, one text, batch
+/// of one), so `tiergate model agreement` reports 1.000.
+#[tokio::test]
+async fn a_shadow_model_scores_beside_the_cpu_tier_and_its_agreement_is_reported() {
+    let log = std::env::temp_dir().join(format!("tiergate-shadow-model-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut c = config(&repo().join("policies"));
+    c.shadow.share = 1.0;
+    c.shadow.log = Some(log.clone());
+    c.shadow.model = Some(tiergate::tier::ModelConfig { sessions: 1, ..c.model.clone() });
+    let addr = start(c);
+    let plain = default_server();
+    let mut texts: Vec<String> = labelled("test_sample.jsonl").into_iter().take(10).map(|(t, _)| t).collect();
+    texts.push("您好，您的快递已到小区驿站，取件码 3-2-1147，请于今天18点前取走。".into());
+    let mut cpu_scored = Vec::new();
+    for text in &texts {
+        let a = classify_unhurried(addr, json!({"text": text})).await.json();
+        let b = classify_unhurried(plain, json!({"text": text})).await.json();
+        assert_eq!(a["action"], b["action"], "a shadow model never changes the answer");
+        assert_eq!(a["risk_score"], b["risk_score"]);
+        // A verdict the cascade set aside for its language is no verdict to compare.
+        let step = &a["path"][0];
+        if step["tier"] == "cpu" && step["risk_score"].is_number() && step["outcome"] != "language" {
+            cpu_scored.push((a["request_id"].clone(), step["risk_score"].as_f64().unwrap()));
+        }
+    }
+    assert!(cpu_scored.len() >= 5, "most of the sample is scored by the cpu tier");
+    // Scoring is detached from the answers: wait for the candidate to finish.
+    let mut lines: Vec<Value> = Vec::new();
+    for _ in 0..100 {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() == texts.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(lines.len(), texts.len(), "one line per scored request: {lines:?}");
+    for (id, live_score) in &cpu_scored {
+        let l = lines.iter().find(|l| &l["request_id"] == id).expect("logged");
+        assert_eq!(l["kind"], "model");
+        let cand = l["candidate"]["risk_score"].as_f64().unwrap();
+        assert!((cand - live_score).abs() < 1e-6, "same model, same text: {cand} vs {live_score}: {l}");
+        assert_eq!(l["live"]["cpu"]["label"], l["candidate"]["label"], "{l}");
+    }
+    let chinese = lines.iter().find(|l| l["lang"] == "cmn").expect("the Chinese notice is scored too");
+    assert!(
+        chinese["live"]["cpu"].is_null(),
+        "the English model reads no Chinese: its verdict is set aside, not compared: {chinese}"
+    );
+
+    let metrics = String::from_utf8_lossy(&send(addr, "GET", "/metrics", &[], "").await.body).to_string();
+    let scored: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("tiergate_shadow_model_verdicts_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(scored, texts.len() as u64, "{metrics}");
+    assert_eq!(metric(&metrics, "tiergate_shadow_evaluations_total"), 0, "no shadow policy is configured");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tiergate")).args(["model", "agreement"]).arg(&log).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let all = stdout.lines().find(|l| l.starts_with("all ")).unwrap_or_else(|| panic!("{stdout}"));
+    let cols: Vec<&str> = all.split_whitespace().collect();
+    assert_eq!(cols[1], cpu_scored.len().to_string(), "{stdout}");
+    assert_eq!(cols[2], "1.000", "{stdout}");
+    assert_eq!(cols[6], (texts.len() - cpu_scored.len()).to_string(), "{stdout}");
 }
 
 #[tokio::test]

@@ -3,6 +3,8 @@
 Usage:
   ml_train.py teacher DATA_DIR BASE_DIR CKPT_DIR      # -> CKPT_DIR/teacher/model.pt (+ resume.pt every 100 steps)
   ml_train.py student DATA_DIR BASE_DIR CKPT_DIR      # -> CKPT_DIR/student_L{n}/model.pt (+ resume.pt every 100 steps)
+  ml_train.py kd      DATA_DIR BASE_DIR CKPT_DIR      # more logit distillation of student_L{n} on augmented windows
+                                                      # -> CKPT_DIR/student_L{n}_kd/model.pt
   ml_train.py eval    DATA_DIR BASE_DIR CKPT_DIR WHAT  # WHAT = teacher | student: per-language validation accuracy of the
                                                       # finished model, or of the latest resume.pt if not finished
 DATA_DIR = ml_prepare.py output (train.jsonl, val.jsonl); BASE_DIR = ml_base.py prune output (pruned encoder + tokenizer).
@@ -28,7 +30,7 @@ import hashlib, json, math, os, random, sys, time
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ml_common import (MLRiskClassifier, student_from_teacher, read_jsonl, tokenizer, window_ids, pad_batch, predict,
-                       per_lang, MAX_LEN)
+                       per_lang, MAX_LEN, BOS, EOS)
 
 cmd, data, base, ckpt_root = sys.argv[1:5]
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
@@ -78,6 +80,10 @@ def evaluate(model, tag, out_dir):
     json.dump(R, open(os.path.join(out_dir, f"val_{tag}.json"), "w"), indent=1)
     return R
 
+def WANTS_IDX(f):
+    import inspect
+    return "idx" in inspect.signature(f).parameters
+
 def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
     """Generic resumable loop over stages: steps_list[i] steps of stage i with lr lrs[i]."""
     os.makedirs(ckdir, exist_ok=True)
@@ -104,7 +110,7 @@ def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
                 if bi < st["pos"]: continue
                 if st["step"] >= total: break
                 ids, m = pad_batch([enc[j] for j in b]); y = torch.tensor([labels[j] for j in b])
-                loss, parts = loss_fn(st["stage"], ids, m, y)
+                loss, parts = (loss_fn(st["stage"], ids, m, y, idx=b) if WANTS_IDX(loss_fn) else loss_fn(st["stage"], ids, m, y))
                 opt.zero_grad(); loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
                 opt.step(); sch.step(); st["step"] += 1; st["seen"] += len(b); st["pos"] = bi + 1
@@ -204,6 +210,81 @@ elif cmd == "student":
     json.dump({"train_seconds": round(secs, 1), "examples": len(rows), "steps": steps, "layer_map": mapping,
                "teacher": teacher_src, **R}, open(os.path.join(ckdir, "train_stats.json"), "w"), indent=1)
     print("done student", round(secs, 1), flush=True)
+
+elif cmd == "kd":
+    # More prediction-layer distillation for a finished student, on the training windows plus AUG_COPIES augmented
+    # variants of each (TinyBERT's data augmentation, Jiao et al. 2020 sec. 3.3, in token space): a random other window
+    # of a long text, a random token deletion (12 %), a reordering of two or three spans, a random prefix (>= 1/2), or
+    # the text after the start of a random other example (a request at the end of an ordinary message). The teacher
+    # scores every window once (cached in teacher_logits.pt, resumable); the hard-label term applies to the originals
+    # only, since an augmented window's label is the teacher's to say.
+    INIT = os.environ.get("INIT") or os.path.join(ckpt_root, f"student_L{N_ST}", "model.pt")
+    AUG, KD_EPOCHS = int(os.environ.get("AUG_COPIES", 2)), float(os.environ.get("KD_EPOCHS", 3))
+    KD_LR, KD_T, ALPHA = float(os.environ.get("KD_LR", 1e-4)), float(os.environ.get("KD_T", 1.0)), float(os.environ.get("ALPHA_HARD", 0.1))
+    ckdir = os.path.join(ckpt_root, f"student_L{N_ST}_kd"); os.makedirs(ckdir, exist_ok=True)
+    rows = read_jsonl(os.path.join(data, "train.jsonl"))
+    full = [e.ids for e in tok.encode_batch([r["text"] for r in rows])]
+    base_enc = [window_ids(f, r.get("window", "first")) for r, f in zip(rows, full)]
+    rnd = random.Random(SEED)
+    def augment(i):
+        c = list(full[i][1:-1]); n = MAX_LEN - 2; kind = rnd.random()
+        if len(c) > n and kind < 0.3:
+            o = rnd.randrange(0, len(c) - n + 1); c = c[o:o + n]
+        elif kind < 0.5:
+            c = [t for t in c[:n] if rnd.random() >= 0.12] or c[:1]
+        elif kind < 0.7 and len(c) >= 8:
+            c = c[:n]; cut = sorted(rnd.sample(range(1, len(c)), 2)); parts = [c[:cut[0]], c[cut[0]:cut[1]], c[cut[1]:]]
+            rnd.shuffle(parts); c = [t for p_ in parts for t in p_]
+        elif kind < 0.85:
+            c = c[:n]; c = c[:max(1, rnd.randint(len(c) // 2, len(c)))]
+        else:
+            o = list(full[rnd.randrange(len(full))][1:-1]); k = rnd.randint(8, max(8, n // 2))
+            c = (o[:k] + c)[:n]
+        return [BOS] + c[:n] + [EOS]
+    enc = list(base_enc); labels = [r["label"] for r in rows]
+    for i in range(len(rows)):
+        for _ in range(AUG):
+            enc.append(augment(i)); labels.append(-100)
+    cache = os.path.join(ckdir, "teacher_logits.pt")
+    fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc)})
+    T = torch.load(cache, weights_only=False) if os.path.exists(cache) else None
+    if T is None or T["fp"] != fp:
+        T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}
+    tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
+    if T["done"] < len(enc):
+        teacher = MLRiskClassifier(base); teacher.load_state_dict(torch.load(tpath, weights_only=False)); teacher.eval()
+        t0 = time.time(); start = T["done"]
+        with torch.no_grad():
+            for s0 in range(start, len(enc), 512):       # chunks of 512, sorted by length inside for padding
+                idx = sorted(range(s0, min(s0 + 512, len(enc))), key=lambda j: len(enc[j]))
+                for b0 in range(0, len(idx), 32):
+                    b = idx[b0:b0 + 32]; ids, m = pad_batch([enc[j] for j in b])
+                    T["logits"][b] = teacher(ids, m)[0]
+                T["done"] = min(s0 + 512, len(enc)); torch.save(T, cache + ".tmp"); os.replace(cache + ".tmp", cache)
+                el = time.time() - t0
+                print(f"teacher logits {T['done']}/{len(enc)} {(T['done'] - start) / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
+        del teacher
+    TL = T["logits"]
+    from transformers import BertConfig
+    cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N_ST
+    student = MLRiskClassifier(config=cfg); student.load_state_dict(torch.load(INIT, weights_only=False))
+    student.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    agree = float(((TL[:len(rows)].argmax(-1) == torch.tensor(labels[:len(rows)])).float().mean()))
+    print(f"kd: student from {INIT}; {len(rows)} windows + {len(enc) - len(rows)} augmented; teacher agrees with the "
+          f"labels on {agree:.4f} of the originals", flush=True)
+    def loss_fn(stage, ids, m, y, idx=None):
+        sl, _ = student(ids, m)
+        tl = TL[idx]
+        soft = -(F.softmax(tl / KD_T, -1) * F.log_softmax(sl / KD_T, -1)).sum(-1).mean()
+        hard = F.cross_entropy(sl, y, ignore_index=-100) if (y != -100).any() else sl.sum() * 0
+        return soft + ALPHA * hard, f"soft {soft.item():.4f} hard {hard.item():.4f}"
+    steps = [int(math.ceil(len(enc) / BS) * KD_EPOCHS)]
+    fp2 = fingerprint({"what": "kd-train", "fp": fp, "E": KD_EPOCHS, "LR": KD_LR, "KD_T": KD_T, "ALPHA": ALPHA, "INIT": INIT})
+    secs = run_loop(student, steps, enc, labels, ckdir, fp2, loss_fn, [KD_LR], f"kd_L{N_ST}")
+    R = evaluate(student, "student_kd", ckdir)
+    json.dump({"train_seconds": round(secs, 1), "examples": len(enc), "steps": steps, "init": INIT, **R},
+              open(os.path.join(ckdir, "train_stats.json"), "w"), indent=1)
+    print("done kd", round(secs, 1), flush=True)
 
 elif cmd == "eval":
     what = sys.argv[5]

@@ -1,5 +1,6 @@
 //! The longer commands of the `tiergate` binary (not part of the library).
 
+pub mod agreement;
 pub mod audit;
 pub mod calibrate;
 pub mod drift;

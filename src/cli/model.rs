@@ -31,6 +31,11 @@ pub enum Command {
     /// e.g. the L2-normalised mean of the last hidden states). Writes into --out: the two files,
     /// model.json, calibration.json, ood.json, MANIFEST.sha256 and MODEL_CARD.md.
     Pack(PackArgs),
+    /// Agreement figures of a shadow model (`[shadow.model]`) with the live one, from the shadow
+    /// log (`[shadow] log`): overall and by language, against the live cpu verdict (agreement,
+    /// Cohen's kappa, both kinds of disagreement) and, where the live cpu tier gave no verdict,
+    /// what the candidate would say.
+    Agreement(super::agreement::AgreementArgs),
 }
 
 #[derive(clap::Args)]
@@ -72,6 +77,7 @@ pub const MIN_VALIDATION_ROWS: usize = 20;
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Pack(args) => pack(&args),
+        Command::Agreement(args) => super::agreement::run(&args),
     }
 }
 

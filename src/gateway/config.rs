@@ -32,7 +32,8 @@ pub struct GatewayConfig<'a> {
     pub audit: Option<&'a crate::audit::AuditConfig>,
 }
 
-/// `[shadow]`: a candidate policy evaluated beside the live one without affecting answers.
+/// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a
+/// share of requests without affecting answers.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShadowConfig {
@@ -40,8 +41,12 @@ pub struct ShadowConfig {
     pub dir: Option<PathBuf>,
     /// Share of requests also decided by the candidate, [0, 1].
     pub share: f64,
-    /// JSON-lines file for disagreements (both decisions); unset: only counted in metrics.
+    /// JSON-lines file for the candidate policy's disagreements (both decisions) and the
+    /// candidate model's scores (every one); unset: only counted in metrics.
     pub log: Option<PathBuf>,
+    /// `[shadow.model]`: a candidate cpu model (the `[model]` keys; `dir` as `tiergate model
+    /// pack` writes it) scored beside the live one on the same share; unset: none.
+    pub model: Option<ModelConfig>,
 }
 
 /// `[admission]`: the older, single tenant rate. Kept working: it is the rate of `[tenants]`'s

@@ -1,7 +1,8 @@
 //! The gateway's life: start (models, policies, samplers), policy reloads (file watches,
 //! SIGHUP, admin), and periodic housekeeping off the request path.
 
-use super::shadow::Shadow;
+use super::shadow::{Log, Shadow};
+use super::shadow_model::ShadowModel;
 use super::{Gateway, GatewayConfig, Sources};
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::policy::{Policy, PolicyError, PolicyStore};
@@ -54,6 +55,13 @@ impl Gateway {
         let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
+        let shadow_log = config.shadow.log.as_deref().map(|p| Log::open(p, metrics.shadow_log_dropped.clone()));
+        let shadow_model = config
+            .shadow
+            .model
+            .as_ref()
+            .map(|m| ShadowModel::start(env, m, config.shadow.share, shadow_log.clone(), metrics.registry_mut()))
+            .transpose()?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
@@ -72,7 +80,8 @@ impl Gateway {
             tenant_metrics,
             gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
-            shadow: Shadow::start(config.shadow, config.limits)?,
+            shadow: Shadow::start(config.shadow, config.limits, shadow_log)?,
+            shadow_model,
             ab,
             gpu_below: Mutex::new(Default::default()),
             audit,

@@ -19,6 +19,7 @@ mod explain;
 mod guard;
 mod lifecycle;
 pub mod shadow;
+pub mod shadow_model;
 
 pub use cascade::TenantGate;
 pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
@@ -81,6 +82,8 @@ pub struct Gateway {
     /// Keeps the policy directory watches (live, route, shadow, A/B candidate) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
+    /// The candidate model scored beside the cpu tier (`[shadow.model]`), when configured.
+    pub shadow_model: Option<shadow_model::ShadowModel>,
     /// The A/B candidate (`[ab]`), when configured.
     pub ab: Option<ab::Ab>,
     /// The live drift monitor, fed every finished decision (`None`: off).
@@ -258,9 +261,13 @@ impl Gateway {
         if let Some(drift) = &self.drift {
             drift.observe(&decision, &req.text, &lang);
         }
+        let live_store = std::ptr::eq(store, &self.policies);
+        let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = self.shadow_model.as_ref().filter(|m| live_store && m.sampled()) {
+            m.score(canonical, shadow_model::Live::new(&recorded, &decision));
+        }
         let shadow = match &self.shadow {
-            Some(s) if std::ptr::eq(store, &self.policies) && (always_shadow || s.sampled()) => {
-                let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
+            Some(s) if live_store && (always_shadow || s.sampled()) => {
                 s.decide(self, &req, &snapshot, &recorded, &decision).await
             }
             _ => None,

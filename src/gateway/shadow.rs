@@ -17,39 +17,56 @@ pub struct Shadow {
     pub policies: PolicyStore,
     /// Share of requests evaluated, [0, 1].
     pub share: f64,
-    /// Disagreements go to this writer task as JSON lines, through a queue of at most
-    /// [`LOG_QUEUE_LINES`]: a slow disk drops lines (counted), it never grows memory.
-    log: Option<tokio::sync::mpsc::Sender<String>>,
+    log: Option<Log>,
 }
 
-/// Most disagreement lines waiting for the shadow log writer.
+/// Most lines waiting for the shadow log writer.
 const LOG_QUEUE_LINES: usize = 4096;
 
+/// The shadow log (`[shadow] log`): one writer task appending JSON lines, fed through a queue of
+/// at most [`LOG_QUEUE_LINES`]; a slow disk drops lines (counted in `dropped`), it never holds
+/// up a request or grows memory. Shared by the shadow policy and the shadow model.
+#[derive(Clone)]
+pub struct Log {
+    tx: tokio::sync::mpsc::Sender<String>,
+    dropped: Counter,
+}
+
+impl Log {
+    /// Starts the writer (in a tokio runtime); a file that cannot be opened is logged as an
+    /// error and its lines are discarded.
+    pub(super) fn open(path: &std::path::Path, dropped: Counter) -> Log {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
+        let path = path.to_path_buf();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
+                Ok(f) => f,
+                Err(e) => return tracing::error!(path = %path.display(), error = %e, "cannot open the shadow log"),
+            };
+            while let Some(line) = rx.recv().await {
+                if let Err(e) = file.write_all(format!("{line}\n").as_bytes()).await {
+                    tracing::error!(error = %e, "writing the shadow log");
+                }
+            }
+        });
+        Log { tx, dropped }
+    }
+
+    /// Queues a line, or drops and counts it when the queue is full.
+    pub(super) fn send(&self, line: String) {
+        enqueue(&self.tx, line, &self.dropped);
+    }
+}
+
 impl Shadow {
-    /// Loads the candidate policy (within the server's `limits`, as the live one) and starts
-    /// the disagreement log writer (in a tokio runtime).
-    pub(super) fn start(config: &ShadowConfig, limits: Limits) -> anyhow::Result<Option<Shadow>> {
+    /// Loads the candidate policy (within the server's `limits`, as the live one); `None` when
+    /// `[shadow] dir` is unset.
+    pub(super) fn start(config: &ShadowConfig, limits: Limits, log: Option<Log>) -> anyhow::Result<Option<Shadow>> {
         let Some(dir) = &config.dir else { return Ok(None) };
         let policy = Policy::load_dir_within(dir, &limits).map_err(|e| anyhow::anyhow!("shadow policy: {e}"))?;
         tracing::info!(version = %policy.version, share = config.share, "shadow policy loaded");
         let policies = PolicyStore::within(policy, limits);
-        let log = config.log.as_ref().map(|path| {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
-            let path = path.clone();
-            tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
-                let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
-                    Ok(f) => f,
-                    Err(e) => return tracing::error!(path = %path.display(), error = %e, "cannot open the shadow log"),
-                };
-                while let Some(line) = rx.recv().await {
-                    if let Err(e) = file.write_all(format!("{line}\n").as_bytes()).await {
-                        tracing::error!(error = %e, "writing the shadow log");
-                    }
-                }
-            });
-            tx
-        });
         Ok(Some(Shadow { policies, share: config.share, log }))
     }
 
@@ -105,7 +122,7 @@ impl Shadow {
                               "tier": candidate.tier, "rule": candidate.rule, "risk_score": candidate.risk_score,
                               "path": candidate.path},
             });
-            enqueue(log, line.to_string(), &g.metrics.shadow_log_dropped);
+            log.send(line.to_string());
         }
         Some(candidate)
     }

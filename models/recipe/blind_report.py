@@ -13,7 +13,7 @@ Metrics (stdlib only):
 - per language: accuracy with its Wilson 95 % interval (Wilson 1927; the usual interval for a
   binomial proportion, sound at small n and near 0 or 1);
 - the cpu tier's calibrated risk scores wherever it gave one (the first path step of tier
-  "cpu" with a risk_score): ECE with 10 equal-width bins of confidence (Guo et al. 2017), and the
+  "cpu" with a risk_score, unless set aside for its language): ECE with 10 equal-width bins of confidence (Guo et al. 2017), and the
   share of wrong labels among cpu verdicts at confidence >= 0.95;
 - every miss (risk allowed, ok blocked, wrong label) with its language, kind and path.
 Measure a blind set once, as written, before any tuning, and report that number.
@@ -106,7 +106,9 @@ def main():
         by_lang[lang][1] += right
         by_kind[(t, kind)][0] += 1
         by_kind[(t, kind)][1] += right
-        cpu = next((s for s in d["path"] if s["tier"] == "cpu" and s.get("risk_score") is not None), None)
+        # A score the cascade set aside for its language (outcome "language") is not a verdict.
+        cpu = next((s for s in d["path"] if s["tier"] == "cpu" and s.get("risk_score") is not None
+                    and s.get("outcome") != "language"), None)
         if cpu is not None:
             p = cpu["risk_score"]
             predicted = "risk" if p >= 0.5 else "ok"

@@ -27,7 +27,9 @@ torch.set_num_threads(2)
 SEED = 4321
 t_start = time.time()
 from transformers import BertConfig
-N = int(os.path.basename(sckpt.rstrip("/")).split("_L")[-1]) if "_L" in os.path.basename(sckpt.rstrip("/")) else int(os.environ.get("STUDENT_LAYERS", 4))
+import re
+_m = re.search(r"_L(\d+)", os.path.basename(sckpt.rstrip("/")))        # student_L2, student_L2_kd
+N = int(_m.group(1)) if _m else int(os.environ.get("STUDENT_LAYERS", 4))
 NAME = f"risk-ml-e5s-l{N}-int8"
 cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N
 model = MLRiskClassifier(config=cfg, attn="eager")

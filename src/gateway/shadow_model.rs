@@ -97,11 +97,6 @@ impl ShadowModel {
         fastrand::f64() < self.share
     }
 
-    /// The candidate's model name and manifest sha256 (for `/readyz` and the log).
-    pub fn name(&self) -> &str {
-        &self.pool.info().name
-    }
-
     /// Scores `text` (the canonical text the live cpu tier read) in a detached task and counts
     /// and logs the pair when it finishes; returns at once.
     pub(super) fn score(&self, text: Arc<str>, live: Live<'_>) {

@@ -102,7 +102,7 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     let routing = std::fs::read_to_string(policies.join("routing.toml")).unwrap();
     let candidate =
         common::policies_with_routing("audit-shadow", &routing.replace("review_at = 0.3", "review_at = 0.0"));
-    config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, log: None };
+    config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, ..Default::default() };
     config.signals.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     let (addr, gateway) =

@@ -9,6 +9,10 @@ Writes:
   ([batch, 8]). Words of scams carry weight on the risk logit, words of ordinary chat on the ok logit.
 - with_token_type_ids.onnx: the same graph with a third input, token_type_ids (what many exports have and tiergate
   refuses with a message).
+- classifier_static_int8.onnx / classifier_dynamic_int8.onnx: classifier.onnx quantised by onnxruntime's
+  quantize_static (QDQ, QUInt8 activations with MinMax ranges from the validation texts, QInt8 weights) and
+  quantize_dynamic (activation scales computed per call over the whole batch): a score alone and inside a batch are
+  the same for the first and move with batch-mates for the second (tests/batching.rs). Needs `onnxruntime` too.
 - tokenizer.json: WordLevel over the fixture's words, lower-cased, [CLS] ... [SEP].
 - validation.jsonl: 60 labelled rows made from the same words (label 0/1 and class names mixed; one in ten
   labelled against its words, as real validation sets have errors, so the temperature fit stays finite).
@@ -79,3 +83,22 @@ with open(os.path.join(out, "validation.jsonl"), "w") as f:
         label = int(truth) if i % 3 else ("risk" if truth else "ok")
         f.write(json.dumps({"text": " ".join(words).capitalize() + ".", "label": label}) + "\n")
 print("wrote", sorted(os.listdir(out)))
+
+# Quantised copies (after the tokenizer and validation set: calibration reads them).
+from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
+                                      quantize_static)
+
+class Texts(CalibrationDataReader):
+    def __init__(self):
+        rows = [json.loads(l)["text"] for l in open(os.path.join(out, "validation.jsonl"))]
+        self.it = iter([{"input_ids": np.array([e.ids], np.int64), "attention_mask": np.array([e.attention_mask], np.int64)}
+                        for e in tok.encode_batch(rows)])
+    def get_next(self):
+        return next(self.it, None)
+
+src = os.path.join(out, "classifier.onnx")
+quantize_static(src, os.path.join(out, "classifier_static_int8.onnx"), Texts(), quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                op_types_to_quantize=["MatMul"])
+quantize_dynamic(src, os.path.join(out, "classifier_dynamic_int8.onnx"), weight_type=QuantType.QInt8,
+                 op_types_to_quantize=["MatMul"])

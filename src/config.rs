@@ -101,6 +101,10 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
+        if let Some(m) = &mut config.shadow.model {
+            m.dir = base.join(&m.dir);
+            m.onnxruntime = m.onnxruntime.take().map(|p| base.join(p));
+        }
         config.ab.dir = config.ab.dir.map(|d| base.join(d));
         if let Some(audit) = &mut config.audit {
             audit.dir = base.join(&audit.dir);
@@ -121,6 +125,10 @@ impl Config {
     /// key (`routes[0].upstream[0]: ...`); TOML syntax errors carry the line.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        // `[shadow.model]` without `dir` would shadow the live model with itself (the `[model]` default).
+        if table.get("shadow").and_then(|s| s.get("model")).is_some_and(|m| m.get("dir").is_none()) {
+            return Err(ConfigError::Invalid("`shadow.model.dir` is required: the candidate model's directory".into()));
+        }
         for (key, value) in table.iter_mut() {
             interpolate(value, key).map_err(ConfigError::Parse)?;
             check_durations(value, key).map_err(ConfigError::Invalid)?;
@@ -162,7 +170,7 @@ impl Config {
     fn check(&self) -> Result<(), String> {
         let s = &self.server;
         let m = &self.model;
-        let positive = [
+        let mut positive = vec![
             ("server.max_body_bytes", s.max_body_bytes as u64),
             ("server.max_text_bytes", s.max_text_bytes as u64),
             ("server.default_deadline_ms", s.default_deadline_ms),
@@ -178,13 +186,25 @@ impl Config {
             ("model.max_batch", m.max_batch as u64),
             ("model.queue_capacity", m.queue_capacity as u64),
         ];
+        if let Some(c) = &self.shadow.model {
+            positive.extend([
+                ("shadow.model.intra_threads", c.intra_threads as u64),
+                ("shadow.model.sessions", c.sessions as u64),
+                ("shadow.model.max_batch", c.max_batch as u64),
+                ("shadow.model.queue_capacity", c.queue_capacity as u64),
+            ]);
+        }
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be at least 1"));
         }
-        if m.provider != Provider::Cpu {
-            return Err(
-                "`model.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)".into()
-            );
+        for (key, provider) in std::iter::once(("model", m.provider))
+            .chain(self.shadow.model.as_ref().map(|c| ("shadow.model", c.provider)))
+        {
+            if provider != Provider::Cpu {
+                return Err(format!(
+                    "`{key}.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)"
+                ));
+            }
         }
         if !(0.0..=1.0).contains(&self.shadow.share) {
             return Err(format!("`shadow.share` must be in [0, 1], got {}", self.shadow.share));
@@ -321,6 +341,21 @@ mod tests {
         let err = Config::parse("[model]\nmax_queue_delay_us = 86400000001").unwrap_err().to_string();
         assert!(err.contains("model.max_queue_delay_us") && err.contains("µs"), "{err}");
         assert!(Config::parse("[gpu]\ntimeout_ms = 86400000").is_ok());
+    }
+
+    #[test]
+    fn a_shadow_model_is_checked_like_the_live_one_and_found_beside_the_config() {
+        let err = Config::parse("[shadow.model]\nsessions = 1").unwrap_err().to_string();
+        assert!(err.contains("`shadow.model.dir` is required"), "{err}");
+        let c = Config::parse("[shadow.model]\ndir = \"m\"\nsessions = 0").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("`shadow.model.sessions` must be at least 1"));
+        let c = Config::parse("[shadow.model]\ndir = \"m\"\nprovider = \"cuda\"").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("`shadow.model.provider` must be \"cpu\""));
+        let dir = std::env::temp_dir().join(format!("tiergate-config-shadow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.toml"), "[shadow.model]\ndir = \"../cand\"\n").unwrap();
+        let c = Config::load(&dir.join("t.toml")).unwrap();
+        assert_eq!(c.shadow.model.unwrap().dir, dir.join("../cand"), "relative to the config file, as every path");
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl Metrics {
         );
         registry.register(
             "shadow_log_dropped",
-            "Disagreement lines dropped because the shadow log writer fell behind (still counted in shadow_disagreements)",
+            "Shadow log lines (policy disagreements, model scores) dropped: the writer fell behind or the disk refused them (still counted in the other shadow metrics)",
             shadow_log_dropped.clone(),
         );
         registry.register("decisions", "Decisions by deciding tier and action", decisions.clone());

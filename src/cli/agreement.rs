@@ -15,6 +15,19 @@ use anyhow::Context as _;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// Reads the `"kind": "model"` lines of a shadow log (other lines are skipped). A label is `risk`
+/// when the calibrated risk score is at least 0.5. One table per candidate model in the log:
+///
+///   vs cpu     requests the live cpu tier gave a verdict on
+///   agree      share of those where the candidate gave the same label
+///   kappa      Cohen's kappa of the same pairs (agreement beyond chance; `-` when undefined)
+///   cand+risk  candidate risk where the live model said ok
+///   cand-risk  candidate ok where the live model said risk
+///   no cpu     requests without a live cpu verdict (a language it does not read, unread text, shed)
+///   cand risk  of those, the candidate's risk labels
+///
+/// --json prints, per candidate, `all` and `by_lang`, each with `vs_cpu` and
+/// `vs_decision_without_cpu`: `counts[live][candidate]` (0 = ok, 1 = risk), `n`, `agreement`, `kappa`.
 #[derive(clap::Args)]
 pub struct AgreementArgs {
     /// The shadow log (`[shadow] log`), JSON lines.
@@ -25,8 +38,15 @@ pub struct AgreementArgs {
 }
 
 /// Counts of label pairs: `[live][candidate]`, index 0 = ok, 1 = risk.
-#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct Pairs(pub [[u64; 2]; 2]);
+
+impl serde::Serialize for Pairs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde_json::json!({"counts": self.0, "n": self.n(), "agreement": self.agreement(), "kappa": self.kappa()})
+            .serialize(s)
+    }
+}
 
 impl Pairs {
     fn add(&mut self, live: bool, candidate: bool) {
@@ -68,79 +88,92 @@ pub struct Group {
 pub struct Report {
     pub all: Group,
     pub by_lang: BTreeMap<String, Group>,
-    /// Candidate models seen in the log (a log may span a change of candidate).
-    pub models: Vec<String>,
 }
 
-/// Reads the model lines of a shadow log. Errors: a line that is not JSON, or a model line
-/// without `live.label` / `candidate.label`, naming its 1-based line number.
-pub fn report(log: &str) -> anyhow::Result<Report> {
-    let mut r = Report::default();
+/// Reads the model lines of a shadow log into one [`Report`] per candidate model (a log may span
+/// a change of candidate; pooling two would mean nothing). Errors: a line that is not JSON, or a
+/// model line whose `candidate.label` (or, without a live cpu verdict, `live.label`) is not `risk`
+/// or `ok`, naming its 1-based line number.
+pub fn report(log: &str) -> anyhow::Result<BTreeMap<String, Report>> {
+    let mut by_model: BTreeMap<String, Report> = BTreeMap::new();
     for (i, line) in log.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("line {}: not JSON", i + 1))?;
         if v["kind"] != "model" {
             continue;
         }
-        let is_risk = |x: &serde_json::Value, what: &str| {
-            x.as_str().map(|s| s == "risk").with_context(|| format!("line {}: no {what}", i + 1))
+        let is_risk = |x: &serde_json::Value, what: &str| match x.as_str() {
+            Some("risk") => Ok(true),
+            Some("ok") => Ok(false),
+            _ => anyhow::bail!("line {}: {what} is {x}, not \"risk\" or \"ok\"", i + 1),
         };
         let candidate = is_risk(&v["candidate"]["label"], "candidate.label")?;
-        let lang = v["lang"].as_str().filter(|l| !l.is_empty()).unwrap_or("und").to_string();
-        let model = v["candidate"]["model"].as_str().unwrap_or("?");
-        if !r.models.iter().any(|m| m == model) {
-            r.models.push(model.to_string());
-        }
+        let live_cpu = match &v["live"]["cpu"] {
+            serde_json::Value::Null => None,
+            cpu => Some(is_risk(&cpu["label"], "live.cpu.label")?),
+        };
+        let live = match live_cpu {
+            Some(_) => None,
+            None => Some(is_risk(&v["live"]["label"], "live.label")?),
+        };
+        let lang: String = v["lang"].as_str().unwrap_or("").chars().filter(|c| !c.is_control()).take(16).collect();
+        let lang = if lang.is_empty() { "und".to_string() } else { lang };
+        let model = v["candidate"]["model"].as_str().unwrap_or("?").to_string();
+        let r = by_model.entry(model).or_default();
         let group = r.by_lang.entry(lang).or_default();
         for g in [&mut r.all, group] {
-            match v["live"]["cpu"]["label"].as_str() {
-                Some(cpu) => g.vs_cpu.add(cpu == "risk", candidate),
-                None => g.vs_decision_without_cpu.add(is_risk(&v["live"]["label"], "live.label")?, candidate),
+            match (live_cpu, live) {
+                (Some(cpu), _) => g.vs_cpu.add(cpu, candidate),
+                (None, Some(live)) => g.vs_decision_without_cpu.add(live, candidate),
+                (None, None) => unreachable!("one of the two is read above"),
             }
         }
     }
-    Ok(r)
+    Ok(by_model)
 }
 
 pub fn run(args: &AgreementArgs) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
     let text = std::fs::read_to_string(&args.log).with_context(|| format!("reading {}", args.log.display()))?;
-    let r = report(&text)?;
+    let reports = report(&text)?;
+    anyhow::ensure!(!reports.is_empty(), "no shadow model lines (\"kind\": \"model\") in {}", args.log.display());
+    let mut out = String::new();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(());
+        out = serde_json::to_string_pretty(&reports)? + "\n";
     }
-    anyhow::ensure!(
-        r.all.vs_cpu.n() + r.all.vs_decision_without_cpu.n() > 0,
-        "no shadow model lines in {}",
-        args.log.display()
-    );
-    println!("candidate: {}", r.models.join(", "));
-    println!(
-        "{:<8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>11}",
-        "lang", "vs cpu", "agree", "kappa", "cand+risk", "cand-risk", "no cpu", "cand risk"
-    );
-    let row = |name: &str, g: &Group| {
-        let f = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
-        let c = &g.vs_cpu.0;
-        let d = &g.vs_decision_without_cpu.0;
-        println!(
+    for (model, r) in reports.iter().filter(|_| !args.json) {
+        let _ = writeln!(out, "candidate: {model}");
+        let _ = writeln!(
+            out,
             "{:<8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>11}",
-            name,
-            g.vs_cpu.n(),
-            f(g.vs_cpu.agreement()),
-            f(g.vs_cpu.kappa()),
-            c[0][1],
-            c[1][0],
-            g.vs_decision_without_cpu.n(),
-            d[0][1] + d[1][1],
+            "lang", "vs cpu", "agree", "kappa", "cand+risk", "cand-risk", "no cpu", "cand risk"
         );
-    };
-    row("all", &r.all);
-    for (lang, g) in &r.by_lang {
-        row(lang, g);
+        for (name, g) in std::iter::once(("all", &r.all)).chain(r.by_lang.iter().map(|(l, g)| (l.as_str(), g))) {
+            let f = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+            let (c, d) = (&g.vs_cpu.0, &g.vs_decision_without_cpu.0);
+            let _ = writeln!(
+                out,
+                "{:<8} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>11}",
+                name,
+                g.vs_cpu.n(),
+                f(g.vs_cpu.agreement()),
+                f(g.vs_cpu.kappa()),
+                c[0][1],
+                c[1][0],
+                g.vs_decision_without_cpu.n(),
+                d[0][1] + d[1][1],
+            );
+        }
+        let _ = writeln!(out);
     }
-    println!("vs cpu: requests the live cpu tier scored; cand+risk / cand-risk: the candidate says risk where the live model said ok / the reverse;");
-    println!("no cpu: requests the live cpu tier gave no verdict (other languages, shed); cand risk: of those, the candidate's risk labels.");
-    Ok(())
+    if !args.json {
+        out.push_str("columns: tiergate model agreement --help\n");
+    }
+    // A closed pipe (`| head`) ends the output quietly.
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -165,7 +198,9 @@ mod tests {
             r#"{"disagree": ["label"], "live": {}, "candidate": {}}"#.to_string(),
         ]
         .join("\n");
-        let r = report(&log).unwrap();
+        let reports = report(&log).unwrap();
+        assert_eq!(reports.keys().collect::<Vec<_>>(), vec!["m"]);
+        let r = &reports["m"];
         assert_eq!(r.all.vs_cpu.n(), 4);
         assert_eq!(r.all.vs_cpu.agreement(), Some(0.75));
         // p_o = 0.75; live risk 1/4, candidate risk 2/4: p_e = 0.25*0.5 + 0.75*0.5 = 0.5.
@@ -173,20 +208,29 @@ mod tests {
         assert_eq!(r.all.vs_decision_without_cpu.0, [[0, 1], [0, 0]]);
         assert_eq!(r.by_lang["cmn"].vs_cpu.n(), 0);
         assert_eq!(r.by_lang["eng"].vs_cpu.0, [[2, 1], [0, 1]]);
-        assert_eq!(r.models, vec!["m"]);
+    }
+
+    #[test]
+    fn each_candidate_gets_its_own_figures() {
+        let other = line("eng", "ok", Some("ok"), "risk").replace("\"model\":\"m\"", "\"model\":\"n\"");
+        let r = report(&[line("eng", "ok", Some("ok"), "ok"), other].join("\n")).unwrap();
+        assert_eq!(r["m"].all.vs_cpu.agreement(), Some(1.0));
+        assert_eq!(r["n"].all.vs_cpu.agreement(), Some(0.0));
     }
 
     #[test]
     fn kappa_is_undefined_when_both_give_one_label() {
         let r = report(&[line("eng", "ok", Some("ok"), "ok"), line("eng", "ok", Some("ok"), "ok")].join("\n")).unwrap();
-        assert_eq!(r.all.vs_cpu.agreement(), Some(1.0));
-        assert_eq!(r.all.vs_cpu.kappa(), None);
+        assert_eq!(r["m"].all.vs_cpu.agreement(), Some(1.0));
+        assert_eq!(r["m"].all.vs_cpu.kappa(), None);
     }
 
     #[test]
     fn a_bad_line_is_named() {
         let e = report("{\"kind\": \"model\"}\nnot json").unwrap_err();
-        assert!(format!("{e:#}").contains("line 1: no candidate.label"), "{e:#}");
+        assert!(format!("{e:#}").contains("line 1: candidate.label is null"), "{e:#}");
+        let e = report(&line("eng", "ok", Some("maybe"), "risk")).unwrap_err();
+        assert!(format!("{e:#}").contains("line 1: live.cpu.label is \"maybe\""), "{e:#}");
         let e = report("\nnot json").unwrap_err();
         assert!(format!("{e:#}").contains("line 2: not JSON"), "{e:#}");
     }

@@ -55,7 +55,8 @@ impl Gateway {
         let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
-        let shadow_log = config.shadow.log.as_deref().map(|p| Log::open(p, metrics.shadow_log_dropped.clone()));
+        let shadow_log =
+            config.shadow.log.as_deref().map(|p| Log::open(p, metrics.shadow_log_dropped.clone())).transpose()?;
         let shadow_model = config
             .shadow
             .model

@@ -33,24 +33,29 @@ pub struct Log {
 }
 
 impl Log {
-    /// Starts the writer (in a tokio runtime); a file that cannot be opened is logged as an
-    /// error and its lines are discarded.
-    pub(super) fn open(path: &std::path::Path, dropped: Counter) -> Log {
+    /// Opens (creates, appends to) `path` and starts the writer (in a tokio runtime). A line the
+    /// disk refuses is logged and counted in `dropped`, like one the queue had no room for.
+    ///
+    /// Errors: the file cannot be opened for appending (a missing directory, no permission).
+    pub(super) fn open(path: &std::path::Path, dropped: Counter) -> anyhow::Result<Log> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| anyhow::anyhow!("shadow log {}: {e}", path.display()))?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(LOG_QUEUE_LINES);
-        let path = path.to_path_buf();
+        let (path, lost) = (path.to_path_buf(), dropped.clone());
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
-            let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await {
-                Ok(f) => f,
-                Err(e) => return tracing::error!(path = %path.display(), error = %e, "cannot open the shadow log"),
-            };
+            let mut file = tokio::fs::File::from_std(file);
             while let Some(line) = rx.recv().await {
                 if let Err(e) = file.write_all(format!("{line}\n").as_bytes()).await {
-                    tracing::error!(error = %e, "writing the shadow log");
+                    lost.inc();
+                    tracing::error!(path = %path.display(), error = %e, "writing the shadow log: line dropped");
                 }
             }
         });
-        Log { tx, dropped }
+        Ok(Log { tx, dropped })
     }
 
     /// Queues a line, or drops and counts it when the queue is full.

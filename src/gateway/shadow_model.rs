@@ -54,10 +54,14 @@ pub(super) struct Live<'a> {
 }
 
 impl<'a> Live<'a> {
-    /// A verdict on a text in a language the live model does not read (outcome `language`) is no
-    /// verdict: the cascade set it aside, and comparing with it would count noise as disagreement.
+    /// A verdict on a text in a language the live model does not read (outcome `language`), or an
+    /// ok on a text it did not read to the end (`unread`), is no verdict: the cascade set it
+    /// aside, and comparing with it would count noise as disagreement.
     pub fn new(recorded: &'a Recorded, decision: &'a Decision) -> Live<'a> {
-        let set_aside = decision.path.iter().any(|s| s.tier == TierName::Cpu && s.outcome == Outcome::Language);
+        let set_aside = decision
+            .path
+            .iter()
+            .any(|s| s.tier == TierName::Cpu && matches!(s.outcome, Outcome::Language | Outcome::Unread));
         let cpu = recorded.cpu.as_ref().and_then(|r| r.as_ref().ok()).filter(|_| !set_aside);
         Live { cpu, decision }
     }
@@ -76,7 +80,7 @@ impl ShadowModel {
     ) -> anyhow::Result<ShadowModel> {
         let pool =
             OnnxPool::start(env, config, "tiergate-shadow").map_err(|e| anyhow::anyhow!("shadow model: {e:#}"))?;
-        tracing::info!(model = %pool.info().name, sha256 = %pool.info().manifest_sha256, share, "shadow model loaded");
+        tracing::info!(model = %pool.info().name, manifest_sha256 = %pool.info().manifest_sha256, share, "shadow model loaded");
         let verdicts = Family::<PairLabels, Counter>::default();
         let skipped = Family::<KindLabels, Counter>::default();
         registry.register(

@@ -128,6 +128,9 @@ async fn a_shadow_model_scores_beside_the_cpu_tier_and_its_agreement_is_reported
         "the English model reads no Chinese: its verdict is set aside, not compared: {chinese}"
     );
 
+    let ready = send(addr, "GET", "/readyz", &[], "").await.json();
+    assert_eq!(ready["shadow_model"]["model"]["name"], "risk-minilm-l6-int8", "{ready}");
+    assert_eq!(ready["shadow_model"]["workers"], 1, "{ready}");
     let metrics = String::from_utf8_lossy(&send(addr, "GET", "/metrics", &[], "").await.body).to_string();
     let scored: u64 = metrics
         .lines()

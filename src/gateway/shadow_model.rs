@@ -96,6 +96,17 @@ impl ShadowModel {
         Ok(ShadowModel { pool: Arc::new(pool), share, verdicts, skipped, log })
     }
 
+    /// For `/readyz`: the candidate (name, sha256s, temperature), its share, live workers and
+    /// queue depth.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.pool.info(),
+            "share": self.share,
+            "workers": self.pool.workers_alive(),
+            "queue_depth": self.pool.queue_depth(),
+        })
+    }
+
     /// Whether this request is one of the shadowed share.
     pub(super) fn sampled(&self) -> bool {
         fastrand::f64() < self.share

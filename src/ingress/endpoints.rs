@@ -188,6 +188,9 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
         },
         "signals": snapshot,
     });
+    if let Some(m) = &g.shadow_model {
+        body["shadow_model"] = m.status();
+    }
     if let Role::Public { proxy: Some(proxy), .. } | Role::Admin { proxy: Some(proxy), .. } = &app.role {
         body["routes"] = proxy.status();
     }

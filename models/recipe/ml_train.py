@@ -149,8 +149,14 @@ if cmd == "teacher":
     rows, enc = load_split("train", repeat=True); labels = [r["label"] for r in rows]
     print("teacher train examples", len(rows), "mean tokens", round(float(np.mean([len(x) for x in enc])), 1), flush=True)
     model = teacher_model()
+    # TEACHER_INIT: continue from an earlier fine-tuned teacher (a data refresh: new rows, same pruned vocabulary)
+    # instead of from the base encoder.
+    init = os.environ.get("TEACHER_INIT", "")
+    if init:
+        model.load_state_dict(torch.load(init, weights_only=False)); print("teacher continues from", init, flush=True)
     total = int(math.ceil(len(enc) / BS) * EPOCHS)
-    fp = fingerprint({"what": "teacher", "EPOCHS": EPOCHS, "LR": LR, "BS": BS, "REP_ML": REP_ML, "SEED": SEED})
+    fp = fingerprint({"what": "teacher", "EPOCHS": EPOCHS, "LR": LR, "BS": BS, "REP_ML": REP_ML, "SEED": SEED,
+                      **({"INIT": init} if init else {})})
     ce = torch.nn.CrossEntropyLoss()
     def loss_fn(stage, ids, m, y):
         lg, _ = model(ids, m); l = ce(lg, y); return l, ""

@@ -99,7 +99,8 @@ fn compile_signal(i: usize, name: String, spec: &SignalSpec, problems: &mut Vec<
     }
     let mut patterns = Vec::new();
     for p in &spec.patterns {
-        match Regex::new(p) {
+        // Folded as the text is (`count_signals`): a pattern in either Chinese script matches both.
+        match Regex::new(&crate::text::han::fold_script(p)) {
             Ok(r) => patterns.push(r),
             Err(e) => report(format!("bad regex `{p}`: {}", e.to_string().lines().last().unwrap_or_default().trim())),
         }

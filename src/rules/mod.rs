@@ -17,7 +17,8 @@
 //! - `tenant`: string (`""` when absent); `text_len`: int, bytes;
 //! - `lang`: the text's language, ISO 639-3 (`"eng"`, `"fra"`, ...), `"und"` when unsure;
 //! - `obfuscation`: map of what canonicalisation undid (int counts): `invisible_chars`,
-//!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`;
+//!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`,
+//!   `padded_han_chars` (Chinese characters padded apart with spaces or symbols, joined again);
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
 
@@ -116,8 +117,11 @@ pub struct ClassVerdict {
 }
 
 impl RuleSet {
-    /// Match counts of every signal over `text`.
+    /// Match counts of every signal over `text`, read with Traditional Chinese folded to
+    /// Simplified and Chinese digit runs as ASCII digits ([`crate::text::han::fold`], as the
+    /// patterns were when they compiled), so one pattern matches both scripts.
     pub fn count_signals(&self, text: &str) -> BTreeMap<String, i64> {
+        let text = &*crate::text::han::fold(text);
         let matched = self.prefilter.as_ref().map(|set| set.matches(text));
         let mut index = 0..;
         self.signals
@@ -244,6 +248,7 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
         ("confusable_chars", o.confusable_chars),
         ("defanged_links", o.defanged_links),
         ("html_entities", o.html_entities),
+        ("padded_han_chars", o.padded_han_chars),
     ];
     let counts: HashMap<Key, Value> = counts.iter().map(|(k, v)| (Key::from(*k), Value::Int(*v as i64))).collect();
     ctx.add_variable_from_value("obfuscation", Value::Map(Map { map: Arc::new(counts) }));
@@ -547,8 +552,9 @@ mod tests {
             for line in std::fs::read_to_string(data.join(file)).unwrap().lines() {
                 let row: serde_json::Value = serde_json::from_str(line).unwrap();
                 let text = row["text"].as_str().unwrap();
+                let folded = crate::text::han::fold(text);
                 let every: BTreeMap<String, i64> = (p.rules.signals.iter())
-                    .map(|s| (s.name.clone(), s.patterns.iter().map(|r| r.find_iter(text).count() as i64).sum()))
+                    .map(|s| (s.name.clone(), s.patterns.iter().map(|r| r.find_iter(&folded).count() as i64).sum()))
                     .collect();
                 let counted = p.rules.count_signals(text);
                 assert_eq!(counted, every, "{text}");
@@ -557,6 +563,24 @@ mod tests {
             }
         }
         assert!(texts > 100 && nonzero > 100, "{texts} texts, {nonzero} signals that matched");
+    }
+
+    #[test]
+    fn chinese_signals_match_both_scripts_and_chinese_digits() {
+        let p = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
+        let n = |text: &str, signal: &str| p.rules.count_signals(text)[signal];
+        // Simplified pattern, Traditional text; and a pattern written in Traditional, Simplified text.
+        assert_eq!(n("您的驗證碼已過期，請立即點擊連結解凍帳戶", "scam_words_intl"), 2, "驗證碼 + 解凍");
+        assert_eq!(n("您的驗證碼已過期，請立即點擊連結解凍帳戶", "urgency_intl"), 1);
+        assert_eq!(n("驗證碼 123456，請勿向任何人透露。", "do_not_share"), 1);
+        let traditional = policy(&RULES.replace("'https?://\\S+'", "'匯款'")).unwrap();
+        assert_eq!(traditional.rules.count_signals("请马上汇款")["link"], 1);
+        // A code in Chinese digits reads as digits; a single numeral in a word does not.
+        let code = policy(&RULES.replace("'https?://\\S+'", "'\\d{6}'")).unwrap();
+        assert_eq!(code.rules.count_signals("验证码：五八三二一〇")["link"], 1);
+        assert_eq!(code.rules.count_signals("我们一起去吃饭，一下就到")["link"], 0);
+        // Ordinary Chinese without the words.
+        assert!(p.rules.count_signals("周末一起去爬山吧，天气不错").values().all(|&v| v == 0));
     }
 
     #[test]

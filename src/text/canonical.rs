@@ -22,6 +22,8 @@
 //!    `.`; `[:]` after a letter or digit and before `/` or a digit becomes `:`; `[://]` becomes
 //!    `://`; `[@]` `[at]` `(at)` between an address character and a letter or digit become `@`.
 //!    Brackets anywhere else (prose such as `see [1] (a)`) are left alone.
+//! 6. **Padded Han characters** joined (`han.rs`): three or more single Chinese characters each
+//!    padded apart with spaces or symbols (`加 微 信`, `刷*单`) read as the word they spell.
 //!
 //! The result is idempotent: `canonicalize(&canonicalize(x).text).text == canonicalize(x).text`
 //! for every input that settles within [`MAX_ROUNDS`] rounds (anything but deliberately nested
@@ -40,6 +42,7 @@ use unicode_security::{is_potential_mixed_script_confusable_char, MixedScript};
 use unicode_segmentation::UnicodeSegmentation;
 
 use super::defang::{bracket_marker, defanged_scheme, restore_defanged};
+use super::han::join_padded;
 use super::invisible::strip_invisible;
 
 /// Most rounds of the pipeline [`canonicalize`] runs. Another round runs only while the previous
@@ -98,6 +101,8 @@ pub struct TextSignals {
     pub defanged_links: usize,
     /// HTML character references decoded (`&amp;#112;` counts two).
     pub html_entities: usize,
+    /// Han characters that stood padded apart (`加 微 信`: three) and were joined.
+    pub padded_han_chars: usize,
     /// Whether [`Canonical::text`] differs from the original text.
     pub changed: bool,
 }
@@ -182,6 +187,10 @@ fn round(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -> Option<Str
         text = Cow::Owned(next);
     }
     if let Some(next) = restore_defanged(&text, &mut signals.defanged_links) {
+        text = Cow::Owned(next);
+    }
+    if let Some((next, joined)) = join_padded(&text) {
+        signals.padded_han_chars += joined;
         text = Cow::Owned(next);
     }
     match text {

@@ -3,9 +3,11 @@
 //! - [`canonical`]: [`canonicalize`] turns the text a client sent into the canonical text that the
 //!   model and the rules read (HTML entities decoded, invisible and format characters removed,
 //!   Unicode NFKC per UAX #15, look-alike letters inside mixed-script words folded to Latin,
-//!   defanged links restored), a lower-cased UTS #39 skeleton for look-alike-proof matching, and
+//!   defanged links restored, padded Chinese characters joined), a lower-cased UTS #39 skeleton for look-alike-proof matching, and
 //!   [`TextSignals`] that count what was hidden. The original text stays what the audit and the
 //!   app see; nothing here changes it.
+//! - [`han`]: Chinese evasions: padded characters joined (a canonical step), and [`han::fold`]
+//!   (Traditional to Simplified, Chinese digit runs to ASCII) for the policy's signals.
 //! - [`lang`]: [`detect`] names the language (ISO 639-3) and script (ISO 15924) of a text with the
 //!   `whatlang` crate, and says "und" when the text is too short or the guess is unreliable.
 //!
@@ -16,6 +18,7 @@
 
 pub mod canonical;
 mod defang;
+pub mod han;
 mod invisible;
 pub mod lang;
 

@@ -1,0 +1,153 @@
+//! Chinese evasions: Han characters padded apart, Traditional forms and Chinese numerals.
+//!
+//! - [`join_padded`] (a step of [`super::canonicalize`], so the model reads it too): a run of at
+//!   least [`MIN_PADDED_RUN`] single Han characters, each separated from the next by one to
+//!   [`MAX_PAD`] padding characters (white space or ASCII/general punctuation used as filler, such
+//!   as `加 微 信`, `加-微-信`, `刷*单`, `转·账`), is joined (`加微信`). Chinese is written without
+//!   spaces, so no ordinary text has such a run; CJK punctuation (`，。、：`) is never padding.
+//! - [`fold`] (for the policy's signals only, not for the model, which was trained on both
+//!   scripts): Traditional characters to Simplified, character by character with the table of the
+//!   `simplet2s` crate (MIT; the Wikipedia list of one-to-many cases), and runs of two or more
+//!   Chinese digits (`〇一二…九`, financial `壹贰叁…玖`, Traditional `貳參陸`) to ASCII digits,
+//!   so that a code or an account written `五八三二` matches `\d` like `5832`. A single digit
+//!   (`一起`, `一下`, `五千元`) is a word and stays. Signal patterns get [`fold_script`] when the
+//!   policy loads (Traditional to Simplified, digits untouched), so a pattern written in either
+//!   script matches both; a pattern for Chinese amounts lists both forms (`[\d一二三…]`).
+
+use std::borrow::Cow;
+use unicode_script::{Script, UnicodeScript};
+
+/// Fewest single Han characters, each padded apart, that [`join_padded`] joins: two (`北 京`)
+/// occur in ordinary lists and names, three do not.
+pub const MIN_PADDED_RUN: usize = 3;
+
+/// Most padding characters between two Han characters of a padded run.
+pub const MAX_PAD: usize = 3;
+
+fn is_han(c: char) -> bool {
+    c.script() == Script::Han
+}
+
+/// Filler put between characters to break up a word: white space, middle dots, a few dingbats,
+/// and ASCII punctuation other than brackets, quotes and the sentence marks `, ! ? : ;` (NFKC has
+/// turned the full-width `，！？：；（）` of Chinese prose into those). `、` and `。` are not ASCII
+/// and never padding.
+fn is_pad(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\u{3000}' | '·' | '・' | '•' | '°' | '★' | '☆' | '♥' | '❤' | '✿' | '※')
+        || (c.is_ascii_punctuation() && !"()[]{}<>,!?:;'\"".contains(c))
+}
+
+/// The text with padded Han runs joined, and the number of Han characters joined; `None` when
+/// there was no such run. Linear in the length of `s`.
+pub fn join_padded(s: &str) -> Option<(String, usize)> {
+    if s.is_ascii() {
+        return None;
+    }
+    let chars: Vec<(usize, char)> = s.char_indices().collect();
+    let mut out: Option<String> = None;
+    let mut copied = 0; // bytes of `s` already in `out`
+    let mut joined = 0;
+    let mut i = 0;
+    while i < chars.len() {
+        if !is_han(chars[i].1) {
+            i += 1;
+            continue;
+        }
+        // A run: Han (pad{1,MAX_PAD} Han)*. Its first character may end a word and its last may
+        // start one (`请加 微 信号码`); every other member stands alone between paddings.
+        let mut members = vec![i];
+        let mut j = i + 1;
+        loop {
+            let pad_start = j;
+            while j < chars.len() && is_pad(chars[j].1) {
+                j += 1;
+            }
+            let pads = j - pad_start;
+            if pads == 0 || pads > MAX_PAD || j == chars.len() || !is_han(chars[j].1) {
+                break;
+            }
+            members.push(j);
+            j += 1;
+            if j < chars.len() && is_han(chars[j].1) {
+                break;
+            }
+        }
+        if members.len() >= MIN_PADDED_RUN {
+            let buf = out.get_or_insert_with(|| String::with_capacity(s.len()));
+            let first = chars[members[0]].0;
+            buf.push_str(&s[copied..first]);
+            for &m in &members {
+                buf.push(chars[m].1);
+            }
+            let last = *members.last().expect("a run has members");
+            copied = chars[last].0 + chars[last].1.len_utf8();
+            joined += members.len();
+            i = last + 1;
+        } else {
+            i += 1;
+        }
+    }
+    let mut out = out?;
+    out.push_str(&s[copied..]);
+    Some((out, joined))
+}
+
+/// The ASCII digit a Chinese digit character stands for.
+fn chinese_digit(c: char) -> Option<char> {
+    Some(match c {
+        '〇' | '零' => '0',
+        '一' | '壹' | '幺' => '1',
+        '二' | '两' | '兩' | '贰' | '貳' => '2',
+        '三' | '叁' | '參' | '参' => '3',
+        '四' | '肆' => '4',
+        '五' | '伍' => '5',
+        '六' | '陆' | '陸' => '6',
+        '七' | '柒' => '7',
+        '八' | '捌' => '8',
+        '九' | '玖' => '9',
+        _ => return None,
+    })
+}
+
+/// Whether [`fold`] can change `s`: it holds a Han character (or the digit `〇`, which is not
+/// Han). False for every ASCII text, checked first.
+pub fn has_han(s: &str) -> bool {
+    !s.is_ascii() && s.chars().any(|c| c == '〇' || is_han(c))
+}
+
+/// `s` with Traditional characters folded to Simplified (what the signal patterns get when they
+/// compile); `s` itself when it has no Han character.
+pub fn fold_script(s: &str) -> Cow<'_, str> {
+    if has_han(s) {
+        Cow::Owned(simplet2s::convert(s))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// `s` with Traditional characters folded to Simplified and runs of two or more Chinese digits
+/// turned into ASCII digits (see the module documentation): what the signal patterns read; `s`
+/// itself when it has no Han character.
+pub fn fold(s: &str) -> Cow<'_, str> {
+    if !has_han(s) {
+        return Cow::Borrowed(s);
+    }
+    let simplified = simplet2s::convert(s);
+    let chars: Vec<char> = simplified.chars().collect();
+    let mut out = String::with_capacity(simplified.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let mut j = i;
+        while j < chars.len() && chinese_digit(chars[j]).is_some() {
+            j += 1;
+        }
+        if j - i >= 2 {
+            out.extend(chars[i..j].iter().filter_map(|&c| chinese_digit(c)));
+            i = j;
+        } else {
+            out.push(chars[i]);
+            i += 1;
+        }
+    }
+    Cow::Owned(out)
+}

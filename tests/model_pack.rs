@@ -161,3 +161,51 @@ fn a_static_int8_model_scores_a_text_the_same_alone_and_in_a_batch() {
     let drift = batch_drift(&dir);
     assert!(drift > 1e-3, "dynamic INT8 moves with batch-mates, or this check could not fail: {drift}");
 }
+
+/// `[model.windows] parallel`: a long text taken alone while the other session is idle runs half
+/// its windows there; with a static model the verdict is the one a single run gives (same score,
+/// same riskiest window), and the split happened (counted), so this check can fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_text_on_two_sessions_scores_as_on_one() {
+    use tiergate::tier::model::{ModelAssets, SessionOptions};
+    use tiergate::tier::onnx::{OnnxPool, Prepared};
+    use tiergate::tier::windows::Windows;
+    let dir = out_dir("parallel");
+    let out = pack(&fixture("classifier_static_int8.onnx"), &dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = std::fs::read_to_string(fixture("validation.jsonl")).unwrap();
+    let words: Vec<String> = rows
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+        .collect();
+    let env = tiergate::ort_lib::environment(None).unwrap();
+    let config = |parallel| tiergate::tier::ModelConfig {
+        dir: dir.clone(),
+        sessions: 2,
+        intra_threads: 1,
+        windows: Windows { parallel, ..Windows::default() },
+        ..Default::default()
+    };
+    let mut one = ModelAssets::load(&dir)
+        .unwrap()
+        .with_windows(config(false).windows)
+        .unwrap()
+        .classifier(env, SessionOptions::from(&config(false)))
+        .unwrap();
+    let pool = OnnxPool::start(env, &config(true), "parallel-test").unwrap();
+    let far = || tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut windows_seen = Vec::new();
+    for n in [3, 7, 12, 25, 60] {
+        let text = words.iter().cycle().skip(n).take(n).cloned().collect::<Vec<_>>().join(" ");
+        let alone = one.classify(&[text.as_str()]).unwrap().remove(0);
+        let split = pool.classify(text.as_str().into(), Prepared::default(), far()).await.unwrap();
+        assert_eq!(split.risk_score, alone.risk_score, "{n} texts");
+        assert_eq!(split.window, alone.window, "{n} texts");
+        assert_eq!(split.unread, alone.unread, "{n} texts");
+        windows_seen.push(alone.window.map_or(1, |w| w.of));
+    }
+    let long = windows_seen.iter().filter(|&&w| w >= 2).count() as u64;
+    assert!(long >= 2, "the texts must be long enough to have windows: {windows_seen:?}");
+    assert_eq!(pool.texts_split(), long, "every text of two or more windows ran on both sessions: {windows_seen:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

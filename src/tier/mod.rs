@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod model;
 pub mod onnx;
 pub mod ood;
+mod parallel;
 pub mod service;
 pub mod windows;
 

@@ -232,7 +232,7 @@ pub struct Output {
 }
 
 /// A text's output: its riskiest window's, named when there were several.
-fn riskiest(windows: &[Output], unread: bool) -> Output {
+pub(crate) fn riskiest(windows: &[Output], unread: bool) -> Output {
     let (index, best) = windows
         .iter()
         .enumerate()

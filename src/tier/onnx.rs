@@ -16,15 +16,16 @@
 //! `TierError::Doomed` and the cascade moves on.
 
 use super::model::{ModelAssets, ModelInfo, SessionOptions};
+use super::parallel::{self, Part, Parts};
 use super::service::{doomed, queue_wait_us, ServiceTime};
 use super::windows::{Encoded, TokenCounter, Tokens};
 use super::ModelConfig;
 use super::ModelVerdict;
 use crate::text::LanguageCell;
 use crate::tier::TierError;
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use ort::environment::Environment;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -56,6 +57,7 @@ pub struct OnnxPool {
     in_flight: Arc<AtomicUsize>,
     workers_alive: Arc<AtomicUsize>,
     service: Arc<ServiceTime>,
+    texts_split: Arc<AtomicU64>,
     info: ModelInfo,
     #[cfg(test)]
     stall: Arc<tests::Stall>,
@@ -79,6 +81,9 @@ impl OnnxPool {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let workers_alive = Arc::new(AtomicUsize::new(0));
         let service = Arc::new(ServiceTime::default());
+        let parts = Parts::new();
+        let busy = Arc::new(AtomicUsize::new(0));
+        let texts_split = Arc::new(AtomicU64::new(0));
         #[cfg(test)]
         let stall = Arc::new(tests::Stall::default());
         for i in 0..config.sessions {
@@ -89,6 +94,11 @@ impl OnnxPool {
             let batching = Batching {
                 max_batch: config.max_batch,
                 delay: std::time::Duration::from_micros(config.max_queue_delay_us),
+                parallel: config.windows.parallel,
+                parts: parts.clone(),
+                busy: Arc::clone(&busy),
+                alive: Arc::clone(&workers_alive),
+                texts_split: Arc::clone(&texts_split),
                 #[cfg(test)]
                 stall: Arc::clone(&stall),
             };
@@ -109,6 +119,7 @@ impl OnnxPool {
             in_flight,
             workers_alive,
             service,
+            texts_split,
             info: assets.info,
             #[cfg(test)]
             stall,
@@ -146,6 +157,11 @@ impl OnnxPool {
         queue_wait_us(self.queue_depth(), self.service.job_us(Instant::now()), self.workers_alive())
     }
 
+    /// Texts whose windows ran on two sessions at once (`[model.windows] parallel`) since start.
+    pub fn texts_split(&self) -> u64 {
+        self.texts_split.load(Ordering::Relaxed)
+    }
+
     /// Requests a worker is running now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
@@ -177,11 +193,29 @@ impl OnnxPool {
     }
 }
 
-/// Forms the next batch (the dynamic batcher, after Triton's): the first job waiting, then more
-/// until `max_batch` are taken or the first has waited `max_queue_delay`, whichever comes first.
-/// With a delay of zero only jobs already waiting join. `None` when the pool is gone.
-fn next_batch(rx: &Receiver<Job>, max_batch: usize, max_queue_delay: std::time::Duration) -> Option<Vec<Job>> {
-    let first = rx.recv().ok()?;
+/// What a worker takes next: half of another worker's long text, or a batch of jobs.
+enum Work {
+    Part(Part),
+    Jobs(Vec<Job>),
+}
+
+/// Takes the next work: a waiting [`Part`] first, else the next batch (the dynamic batcher, after
+/// Triton's): the first job waiting, then more until `max_batch` are taken or the first has waited
+/// `max_queue_delay`, whichever comes first. With a delay of zero only jobs already waiting join.
+/// `None` when the pool is gone.
+fn next_work(
+    rx: &Receiver<Job>,
+    parts: &Receiver<Part>,
+    max_batch: usize,
+    max_queue_delay: std::time::Duration,
+) -> Option<Work> {
+    if let Ok(part) = parts.try_recv() {
+        return Some(Work::Part(part));
+    }
+    let first = select! {
+        recv(parts) -> part => return part.ok().map(Work::Part),
+        recv(rx) -> job => job.ok()?,
+    };
     let close_at = first.enqueued + max_queue_delay;
     let mut jobs = vec![first];
     while jobs.len() < max_batch {
@@ -195,13 +229,20 @@ fn next_batch(rx: &Receiver<Job>, max_batch: usize, max_queue_delay: std::time::
             Err(()) => break,
         }
     }
-    Some(jobs)
+    Some(Work::Jobs(jobs))
 }
 
 /// How a worker forms batches (`[model] max_batch`, `max_queue_delay_us`).
 struct Batching {
     max_batch: usize,
     delay: std::time::Duration,
+    /// `[model.windows] parallel`: a long text alone may run half its windows on an idle worker.
+    parallel: bool,
+    parts: Parts,
+    /// Workers running something now, and workers alive: one is idle while busy < alive.
+    busy: Arc<AtomicUsize>,
+    alive: Arc<AtomicUsize>,
+    texts_split: Arc<AtomicU64>,
     /// Tests stall the workers with it (a fault the real pool cannot be made to show on cue).
     #[cfg(test)]
     stall: Arc<tests::Stall>,
@@ -227,6 +268,22 @@ fn triage(jobs: Vec<Job>, now: Instant, expected_us: Option<u64>) -> Vec<Job> {
     live
 }
 
+/// Counts a worker as busy while it holds work.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(count: &'a AtomicUsize) -> Busy<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Busy(count)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn worker(
     mut classifier: super::model::Classifier,
     rx: Receiver<Job>,
@@ -235,9 +292,17 @@ fn worker(
     service: Arc<ServiceTime>,
 ) {
     // Ends when the last sender (the OnnxPool) is dropped.
-    while let Some(jobs) = next_batch(&rx, batching.max_batch, batching.delay) {
+    while let Some(work) = next_work(&rx, &batching.parts.rx, batching.max_batch, batching.delay) {
         #[cfg(test)]
         batching.stall.hold();
+        let _busy = Busy::new(&batching.busy);
+        let jobs = match work {
+            Work::Part(part) => {
+                parallel::run(&mut classifier, part);
+                continue;
+            }
+            Work::Jobs(jobs) => jobs,
+        };
         let now = Instant::now();
         let live = triage(jobs, now, service.batch_us(now));
         if live.is_empty() {
@@ -264,7 +329,19 @@ fn worker(
             }
         }
         let live = ready;
-        let result = classifier.classify_encoded(&encodings);
+        // Split only a text alone, with nobody queued behind it and a worker idle: then the
+        // second half costs no one anything.
+        let split = batching.parallel
+            && encodings.len() == 1
+            && encodings[0].windows.len() >= 2
+            && rx.is_empty()
+            && batching.busy.load(Ordering::Relaxed) < batching.alive.load(Ordering::Relaxed);
+        let result = if split {
+            batching.texts_split.fetch_add(1, Ordering::Relaxed);
+            batching.parts.classify(&mut classifier, &encodings[0]).map(|out| vec![out])
+        } else {
+            classifier.classify_encoded(&encodings)
+        };
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();

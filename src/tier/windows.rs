@@ -17,12 +17,18 @@ pub struct Windows {
     /// Tokens each window shares with the one before it, so a sentence cut at a window's end is
     /// read whole in the next.
     pub overlap: usize,
+    /// A text of two or more windows, taken alone while another session is idle, runs the second
+    /// half of its windows on that session at the same time (the riskiest window still decides).
+    /// It cuts a long text's latency, not the work; scores are unchanged only for a
+    /// batch-invariant (static, QDQ) model, since the halves have other batch-mates and padding.
+    pub parallel: bool,
 }
 
 impl Default for Windows {
-    /// 8 windows of 128 tokens overlapping by 32: about 800 tokens (~3 KB of English) read.
+    /// 8 windows of 128 tokens overlapping by 32: about 800 tokens (~3 KB of English) read, on
+    /// one session.
     fn default() -> Self {
-        Windows { max: 8, overlap: 32 }
+        Windows { max: 8, overlap: 32, parallel: false }
     }
 }
 
@@ -169,7 +175,7 @@ mod tests {
 
     #[test]
     fn a_long_text_is_read_in_overlapping_windows_each_a_whole_model_input() {
-        let w = Windows { max: 8, overlap: 32 };
+        let w = Windows { max: 8, overlap: 32, ..Windows::default() };
         let t = tokenizer(w);
         let benign = "The quarterly team offsite went well and everyone enjoyed the lake walk. ".repeat(20);
         let text = format!("{benign}Please confirm your password at http://login.example.top today.");
@@ -190,7 +196,7 @@ mod tests {
 
     #[test]
     fn text_past_the_last_window_is_marked_unread() {
-        let w = Windows { max: 2, overlap: 16 };
+        let w = Windows { max: 2, overlap: 16, ..Windows::default() };
         let t = tokenizer(w);
         let e = encode(&t, &"word ".repeat(600), 128, w).unwrap();
         assert_eq!((e.windows.len(), e.unread), (2, true));

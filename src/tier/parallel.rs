@@ -1,0 +1,62 @@
+//! One long text on two sessions (`[model.windows] parallel`): a worker that takes a text of two
+//! or more windows alone, while another worker is idle, hands the second half of its windows to
+//! that worker as a [`Part`] and runs the first half itself; the riskiest window of both halves
+//! decides, as it would in one run.
+//!
+//! Parts travel on their own unbounded channel, which every worker reads before its job queue, so
+//! a part never waits behind new requests. The worker that made a part reads that channel too
+//! while it waits: if nobody took its part it runs the part itself, so a part is never stranded
+//! (not even with one worker alive), and a part it finds of another text it runs and answers.
+
+use super::model::{riskiest, Classifier, Output};
+use super::windows::Encoded;
+use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
+use tokenizers::Encoding;
+
+/// The second half of a text's windows, and where their outputs go (in window order).
+pub(crate) struct Part {
+    windows: Vec<Encoding>,
+    reply: Sender<anyhow::Result<Vec<Output>>>,
+}
+
+/// The pool's part channel; every worker holds a clone.
+#[derive(Clone)]
+pub(crate) struct Parts {
+    tx: Sender<Part>,
+    pub(crate) rx: Receiver<Part>,
+}
+
+impl Parts {
+    pub(crate) fn new() -> Parts {
+        let (tx, rx) = unbounded();
+        Parts { tx, rx }
+    }
+
+    /// Classifies one text, the second half of its windows on whichever worker takes the part
+    /// (this one if none does). The text needs at least two windows.
+    pub(crate) fn classify(&self, classifier: &mut Classifier, text: &Encoded) -> anyhow::Result<Output> {
+        let half = text.windows.len().div_ceil(2);
+        let (reply, answer) = bounded(1);
+        // Cannot fail: this worker holds a receiver.
+        let _ = self.tx.send(Part { windows: text.windows[half..].to_vec(), reply });
+        let mut outputs = classifier.run(&text.windows[..half])?;
+        loop {
+            select! {
+                recv(answer) -> theirs => {
+                    outputs.extend(theirs.map_err(|_| anyhow::anyhow!("the worker running the other half stopped"))??);
+                    return Ok(riskiest(&outputs, text.unread));
+                }
+                recv(self.rx) -> part => {
+                    if let Ok(part) = part {
+                        run(classifier, part);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a part and answers it (a caller that gave up is not an error).
+pub(crate) fn run(classifier: &mut Classifier, part: Part) {
+    let _ = part.reply.send(classifier.run(&part.windows));
+}

@@ -18,6 +18,7 @@ use super::windows::{encode, Encoded, TokenCounter, Windows};
 use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
 use anyhow::{bail, Context as _};
+use std::borrow::Borrow;
 use ort::environment::Environment;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
@@ -260,7 +261,8 @@ impl Classifier {
 
     /// Classifies encoded texts, all their windows in one run: for each, the riskiest window.
     pub fn classify_encoded(&mut self, texts: &[Encoded]) -> anyhow::Result<Vec<Output>> {
-        let windows: Vec<Encoding> = texts.iter().flat_map(|t| t.windows.iter().cloned()).collect();
+        // References, not clones: an `Encoding` clone copies its tokens' strings and offsets.
+        let windows: Vec<&Encoding> = texts.iter().flat_map(|t| t.windows.iter()).collect();
         let outputs = self.run(&windows)?;
         let mut rest = outputs.as_slice();
         Ok(texts
@@ -275,7 +277,7 @@ impl Classifier {
 
     /// Classifies a batch of encodings, padding to the longest sequence in the batch (not to
     /// `max_seq_len`). Blocking: call from a worker thread, never from the async runtime.
-    pub fn run(&mut self, encodings: &[Encoding]) -> anyhow::Result<Vec<Output>> {
+    pub fn run<E: Borrow<Encoding>>(&mut self, encodings: &[E]) -> anyhow::Result<Vec<Output>> {
         let (assets, t, dim) = (&self.assets, self.assets.info.temperature, self.assets.ood.dim);
         infer(&mut self.session, assets.pad_id, dim, encodings, |logits, embeddings| {
             (0..encodings.len())
@@ -287,7 +289,7 @@ impl Classifier {
                         risk_score: p[1],
                         confidence: p[0].max(p[1]),
                         ood_score: assets.ood.score(&embeddings[i * dim..(i + 1) * dim]),
-                        tokens: encodings[i].get_ids().len(),
+                        tokens: encodings[i].borrow().get_ids().len(),
                         window: None,
                         unread: false,
                     }
@@ -309,23 +311,24 @@ impl Classifier {
 
 /// One ONNX Runtime run; `read` gets `(logits [batch * 2], embeddings [batch * dim])`,
 /// row-major, in ONNX Runtime's own buffers (no copy on the request path).
-fn infer<T>(
+fn infer<T, E: Borrow<Encoding>>(
     session: &mut Session,
     pad_id: i64,
     dim: usize,
-    encodings: &[Encoding],
+    encodings: &[E],
     read: impl FnOnce(&[f32], &[f32]) -> T,
 ) -> anyhow::Result<T> {
     if encodings.is_empty() {
         return Ok(read(&[], &[]));
     }
     let batch = encodings.len();
-    let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(1).max(1);
+    let seq = encodings.iter().map(|e| e.borrow().get_ids().len()).max().unwrap_or(1).max(1);
     // Padding never reaches a score (the mask hides it); the tokenizer's own pad id keeps the
     // input what the model was exported with.
     let mut ids = vec![pad_id; batch * seq];
     let mut mask = vec![0i64; batch * seq];
     for (row, e) in encodings.iter().enumerate() {
+        let e = e.borrow();
         for (col, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
             ids[row * seq + col] = id as i64;
             mask[row * seq + col] = m as i64;

@@ -151,3 +151,47 @@ pub fn fold(s: &str) -> Cow<'_, str> {
     }
     Cow::Owned(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{fold, fold_script};
+    use crate::text::canonicalize;
+    #[test]
+    fn padded_han_characters_are_joined_and_counted() {
+        let c = canonicalize("请加 微 信 领取返利");
+        assert_eq!(c.text, "请加微信领取返利");
+        assert_eq!(c.signals.padded_han_chars, 4, "加 微 信 领 (领 starts the next word)");
+        assert_eq!(
+            canonicalize("刷*单*返*利，日赚500").text,
+            "刷单返利,日赚500",
+            "NFKC makes the comma ASCII; not padding"
+        );
+        assert_eq!(canonicalize("转 · 账 · 给 · 我").text, "转账给我");
+        // Full-width padding is ASCII after NFKC, and still padding.
+        assert_eq!(canonicalize("验＿证＿码").text, "验证码");
+        // Ordinary Chinese, lists and names: two single characters, or words, or CJK punctuation.
+        for ordinary in
+            ["北京 上海 广州", "张 三", "苹果、香蕉、橘子", "你好，我是小王。", "好的 明天见", "第1天 第2天"]
+        {
+            let c = canonicalize(ordinary);
+            // Nothing removed (NFKC may still make a full-width comma ASCII).
+            assert_eq!(
+                (c.text.chars().count(), c.signals.padded_han_chars),
+                (ordinary.chars().count(), 0),
+                "{ordinary}"
+            );
+        }
+        // Idempotent.
+        let once = canonicalize("加 - 微 - 信 and 刷 单");
+        assert_eq!(canonicalize(&once.text).text, once.text);
+    }
+
+    #[test]
+    fn han_fold_simplifies_and_reads_chinese_digit_runs() {
+        assert_eq!(fold("驗證碼五八三二，請勿透露"), "验证码5832，请勿透露");
+        assert_eq!(fold("我们一起去，一下就好，五千元"), "我们一起去，一下就好，五千元");
+        assert_eq!(fold("帳號壹貳參肆"), fold_script("帳號").into_owned() + "1234");
+        assert!(matches!(fold("plain ascii"), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(fold("Привет"), std::borrow::Cow::Borrowed(_)));
+    }
+}

@@ -18,12 +18,12 @@ use super::windows::{encode, Encoded, TokenCounter, Windows};
 use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
 use anyhow::{bail, Context as _};
-use std::borrow::Borrow;
 use ort::environment::Environment;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 use ort::value::Tensor;
 use serde::Deserialize;
+use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
 use tokenizers::{Encoding, Tokenizer};
 

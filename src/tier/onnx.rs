@@ -284,6 +284,28 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// One inference for a batch's texts: the riskiest window of each. A text alone, with nobody
+/// queued behind it and a worker idle, runs half its windows on that worker (`[model.windows]
+/// parallel`): then the second half costs no one anything.
+fn run_batch(
+    classifier: &mut super::model::Classifier,
+    batching: &Batching,
+    rx: &Receiver<Job>,
+    encodings: &[Encoded],
+) -> anyhow::Result<Vec<super::model::Output>> {
+    let split = batching.parallel
+        && encodings.len() == 1
+        && encodings[0].windows.len() >= 2
+        && rx.is_empty()
+        && batching.busy.load(Ordering::Relaxed) < batching.alive.load(Ordering::Relaxed);
+    if split {
+        batching.texts_split.fetch_add(1, Ordering::Relaxed);
+        batching.parts.classify(classifier, &encodings[0]).map(|out| vec![out])
+    } else {
+        classifier.classify_encoded(encodings)
+    }
+}
+
 fn worker(
     mut classifier: super::model::Classifier,
     rx: Receiver<Job>,
@@ -329,19 +351,7 @@ fn worker(
             }
         }
         let live = ready;
-        // Split only a text alone, with nobody queued behind it and a worker idle: then the
-        // second half costs no one anything.
-        let split = batching.parallel
-            && encodings.len() == 1
-            && encodings[0].windows.len() >= 2
-            && rx.is_empty()
-            && batching.busy.load(Ordering::Relaxed) < batching.alive.load(Ordering::Relaxed);
-        let result = if split {
-            batching.texts_split.fetch_add(1, Ordering::Relaxed);
-            batching.parts.classify(&mut classifier, &encodings[0]).map(|out| vec![out])
-        } else {
-            classifier.classify_encoded(&encodings)
-        };
+        let result = run_batch(&mut classifier, &batching, &rx, &encodings);
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();

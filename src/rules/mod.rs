@@ -581,6 +581,27 @@ mod tests {
         assert_eq!(code.rules.count_signals("我们一起去吃饭，一下就到")["link"], 0);
         // Ordinary Chinese without the words.
         assert!(p.rules.count_signals("周末一起去爬山吧，天气不错").values().all(|&v| v == 0));
+        // Padded apart around a scam word: the guard raises to review; the same words unpadded do not trip it.
+        let guard = |text: &str| {
+            let c = crate::text::canonicalize(text);
+            let signals = p.rules.count_signals(&c.text);
+            let features = serde_json::Map::new();
+            let input = RulesInput {
+                text: &c.text,
+                lang: "cmn",
+                obfuscation: &c.signals,
+                signals: &signals,
+                features: &features,
+                tenant: None,
+                model: None,
+            };
+            p.rules.guard(&input).matched.map(|(name, action, _)| (name, action))
+        };
+        assert_eq!(
+            guard("兼职日结，出 租 银 行 卡，加 微 信 了解"),
+            Some(("padded_chinese_request".to_string(), Action::Review))
+        );
+        assert_eq!(guard("兼职日结，出租银行卡，加微信了解"), None);
     }
 
     #[test]

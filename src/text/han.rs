@@ -40,7 +40,7 @@ fn is_pad(c: char) -> bool {
 /// The text with padded Han runs joined, and the number of Han characters joined; `None` when
 /// there was no such run. Linear in the length of `s`.
 pub fn join_padded(s: &str) -> Option<(String, usize)> {
-    if s.is_ascii() {
+    if s.is_ascii() || !s.chars().any(is_han) {
         return None;
     }
     let chars: Vec<(usize, char)> = s.char_indices().collect();
@@ -133,22 +133,26 @@ pub fn fold(s: &str) -> Cow<'_, str> {
         return Cow::Borrowed(s);
     }
     let simplified = simplet2s::convert(s);
-    let chars: Vec<char> = simplified.chars().collect();
     let mut out = String::with_capacity(simplified.len());
-    let mut i = 0;
-    while i < chars.len() {
-        let mut j = i;
-        while j < chars.len() && chinese_digit(chars[j]).is_some() {
-            j += 1;
-        }
-        if j - i >= 2 {
-            out.extend(chars[i..j].iter().filter_map(|&c| chinese_digit(c)));
-            i = j;
+    // Chinese digits seen since the last other character: one stays a word, two or more a number.
+    let mut digits = String::new();
+    let flush = |digits: &mut String, out: &mut String| {
+        if digits.chars().nth(1).is_some() {
+            out.extend(digits.chars().filter_map(chinese_digit));
         } else {
-            out.push(chars[i]);
-            i += 1;
+            out.push_str(digits);
+        }
+        digits.clear();
+    };
+    for c in simplified.chars() {
+        if chinese_digit(c).is_some() {
+            digits.push(c);
+        } else {
+            flush(&mut digits, &mut out);
+            out.push(c);
         }
     }
+    flush(&mut digits, &mut out);
     Cow::Owned(out)
 }
 

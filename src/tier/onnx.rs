@@ -63,10 +63,18 @@ pub struct OnnxPool {
     stall: Arc<tests::Stall>,
 }
 
-/// Counts a worker as alive until its thread ends, by return or by panic.
-struct AliveGuard(Arc<AtomicUsize>);
+/// Holds one count of a counter until dropped, by return or by panic: a worker alive (until its
+/// thread ends), a worker busy (while it holds work).
+struct Held<C: std::ops::Deref<Target = AtomicUsize>>(C);
 
-impl Drop for AliveGuard {
+impl<C: std::ops::Deref<Target = AtomicUsize>> Held<C> {
+    fn new(count: C) -> Held<C> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Held(count)
+    }
+}
+
+impl<C: std::ops::Deref<Target = AtomicUsize>> Drop for Held<C> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -102,8 +110,7 @@ impl OnnxPool {
                 #[cfg(test)]
                 stall: Arc::clone(&stall),
             };
-            workers_alive.fetch_add(1, Ordering::Relaxed);
-            let alive = AliveGuard(Arc::clone(&workers_alive));
+            let alive = Held::new(Arc::clone(&workers_alive));
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
                 let _alive = alive;
                 worker(classifier, rx, batching, in_flight, service)
@@ -268,22 +275,6 @@ fn triage(jobs: Vec<Job>, now: Instant, expected_us: Option<u64>) -> Vec<Job> {
     live
 }
 
-/// Counts a worker as busy while it holds work.
-struct Busy<'a>(&'a AtomicUsize);
-
-impl<'a> Busy<'a> {
-    fn new(count: &'a AtomicUsize) -> Busy<'a> {
-        count.fetch_add(1, Ordering::Relaxed);
-        Busy(count)
-    }
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// One inference for a batch's texts: the riskiest window of each. A text alone, with nobody
 /// queued behind it and a worker idle, runs half its windows on that worker (`[model.windows]
 /// parallel`): then the second half costs no one anything.
@@ -291,18 +282,23 @@ fn run_batch(
     classifier: &mut super::model::Classifier,
     batching: &Batching,
     rx: &Receiver<Job>,
-    encodings: &[Encoded],
+    mut encodings: Vec<Encoded>,
 ) -> anyhow::Result<Vec<super::model::Output>> {
     let split = batching.parallel
         && encodings.len() == 1
         && encodings[0].windows.len() >= 2
         && rx.is_empty()
         && batching.busy.load(Ordering::Relaxed) < batching.alive.load(Ordering::Relaxed);
-    if split {
-        batching.texts_split.fetch_add(1, Ordering::Relaxed);
-        batching.parts.classify(classifier, &encodings[0]).map(|out| vec![out])
-    } else {
-        classifier.classify_encoded(encodings)
+    match encodings.pop() {
+        Some(text) if split => {
+            batching.texts_split.fetch_add(1, Ordering::Relaxed);
+            batching.parts.classify(classifier, text).map(|out| vec![out])
+        }
+        Some(text) => {
+            encodings.push(text);
+            classifier.classify_encoded(&encodings)
+        }
+        None => Ok(Vec::new()),
     }
 }
 
@@ -317,10 +313,10 @@ fn worker(
     while let Some(work) = next_work(&rx, &batching.parts.rx, batching.max_batch, batching.delay) {
         #[cfg(test)]
         batching.stall.hold();
-        let _busy = Busy::new(&batching.busy);
+        let busy = Held::new(&*batching.busy);
         let jobs = match work {
             Work::Part(part) => {
-                parallel::run(&mut classifier, part);
+                parallel::run(&mut classifier, part, || drop(busy));
                 continue;
             }
             Work::Jobs(jobs) => jobs,
@@ -351,7 +347,10 @@ fn worker(
             }
         }
         let live = ready;
-        let result = run_batch(&mut classifier, &batching, &rx, &encodings);
+        let result = run_batch(&mut classifier, &batching, &rx, encodings);
+        // Idle again before the callers hear back, so a caller's next text can count on this
+        // worker for its other half.
+        drop(busy);
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();

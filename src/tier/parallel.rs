@@ -34,21 +34,22 @@ impl Parts {
 
     /// Classifies one text, the second half of its windows on whichever worker takes the part
     /// (this one if none does). The text needs at least two windows.
-    pub(crate) fn classify(&self, classifier: &mut Classifier, text: &Encoded) -> anyhow::Result<Output> {
-        let half = text.windows.len().div_ceil(2);
+    pub(crate) fn classify(&self, classifier: &mut Classifier, text: Encoded) -> anyhow::Result<Output> {
+        let Encoded { mut windows, unread } = text;
+        let theirs = windows.split_off(windows.len().div_ceil(2));
         let (reply, answer) = bounded(1);
         // Cannot fail: this worker holds a receiver.
-        let _ = self.tx.send(Part { windows: text.windows[half..].to_vec(), reply });
-        let mut outputs = classifier.run(&text.windows[..half])?;
+        let _ = self.tx.send(Part { windows: theirs, reply });
+        let mut outputs = classifier.run(&windows)?;
         loop {
             select! {
                 recv(answer) -> theirs => {
                     outputs.extend(theirs.map_err(|_| anyhow::anyhow!("the worker running the other half stopped"))??);
-                    return Ok(riskiest(&outputs, text.unread));
+                    return Ok(riskiest(&outputs, unread));
                 }
                 recv(self.rx) -> part => {
                     if let Ok(part) = part {
-                        run(classifier, part);
+                        run(classifier, part, || {});
                     }
                 }
             }
@@ -56,7 +57,10 @@ impl Parts {
     }
 }
 
-/// Runs a part and answers it (a caller that gave up is not an error).
-pub(crate) fn run(classifier: &mut Classifier, part: Part) {
-    let _ = part.reply.send(classifier.run(&part.windows));
+/// Runs a part and answers it (a caller that gave up is not an error); `done` runs between the
+/// two, so that a worker counts as idle again before the text's owner hears back.
+pub(crate) fn run(classifier: &mut Classifier, part: Part, done: impl FnOnce()) {
+    let outputs = classifier.run(&part.windows);
+    done();
+    let _ = part.reply.send(outputs);
 }

@@ -348,9 +348,7 @@ fn worker(
         }
         let live = ready;
         let result = run_batch(&mut classifier, &batching, &rx, encodings);
-        // Idle again before the callers hear back, so a caller's next text can count on this
-        // worker for its other half.
-        drop(busy);
+        drop(busy); // idle before the callers hear back: their next long text may split here
         let infer_us = started.elapsed().as_micros() as u64;
         in_flight.fetch_sub(live.len(), Ordering::Relaxed);
         let batch_size = live.len();

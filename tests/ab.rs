@@ -24,10 +24,6 @@ fn blocks_everything() -> std::path::PathBuf {
     )
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// The API key of tenant `acme` (its SHA-256 is in the config).
 const API_KEY: &str = "ab-test-key";
 
@@ -60,7 +56,7 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     let dir = std::env::temp_dir().join(format!("tiergate-ab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (free_port(), free_port());
+    let (public, admin) = (common::free_port(), common::free_port());
     let candidate = blocks_everything();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\

@@ -285,16 +285,11 @@ async fn detached_records_wait_in_a_bounded_overflow_and_past_it_are_counted_dro
     assert_eq!(gateway.metrics.audit_dropped.get(), 6);
 }
 
-/// A free loopback port.
-fn free_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// `tiergate serve` with the audit trail in `dir/audit`, an hour between flushes (so that only a
 /// full queue or the shutdown can commit) and `audit` (more `[audit]` lines).
 fn serve_audited(dir: &Path, audit: &str) -> common::Sidecar {
     std::fs::create_dir_all(dir).unwrap();
-    let (public, admin) = (free_port(), free_port());
+    let (public, admin) = (common::free_port(), common::free_port());
     let repo = common::repo();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\

@@ -150,8 +150,7 @@ impl Drop for CpuHog {
 /// `tiergate serve` with the audit trail in `dir/audit` and these `[audit]` lines.
 fn serve(dir: &Path, audit: &str) -> common::Sidecar {
     std::fs::create_dir_all(dir).unwrap();
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (public, admin) = (free(), free());
+    let (public, admin) = (common::free_port(), common::free_port());
     let repo = common::repo();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\

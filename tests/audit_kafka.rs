@@ -13,7 +13,6 @@ mod common;
 use common::tansu::{consume, Tansu};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -21,28 +20,13 @@ use std::time::{Duration, Instant};
 const TOPIC: &str = "tiergate-audit";
 const TEXT: &str = "Your parcel is held at the depot; confirm the delivery fee at the link to release it.";
 
-/// A loopback port no other caller in this test binary got: the kernel may hand a released port
-/// to the next `bind(0)`, and two servers given one port made one exit at start (seen once in 80
-/// runs beside a CPU hog; suspected, its log was discarded then).
-fn free_port() -> SocketAddr {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&addr.port()) {
-            given.push(addr.port());
-            return addr;
-        }
-    }
-}
-
 /// `tiergate serve` with the audit trail shipped to a broker.
 type Server = common::Sidecar;
 
 impl Server {
     /// With the audit trail in `dir` shipped to `broker`, flushing every `flush_ms`.
     fn with_audit(dir: &Path, broker: &str, flush_ms: u64) -> Server {
-        let (public, admin) = (free_port(), free_port());
+        let (public, admin) = (common::free_port(), common::free_port());
         let repo = common::repo();
         let config = format!(
             "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\

@@ -21,16 +21,12 @@ const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan
 const PER_SECOND: u32 = 20;
 const BURST: u32 = 20;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// A replica's config: the bundled model and policies, a rate on the default class, shared
 /// through `redis`. The timeout is generous: this machine is small and shared.
 fn replica(name: &str, redis: &Redis) -> Sidecar {
     let dir = std::env::temp_dir().join(format!("tiergate-fleet-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (free_port(), free_port());
+    let (public, admin) = (common::free_port(), common::free_port());
     let repo = common::repo();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\

@@ -224,8 +224,7 @@ async fn admin_reload_needs_the_token_and_reports_problems() {
 fn sighup_reloads_the_running_binary() {
     let dir = policy_dir_with("sighup", &routing("review", 0.45));
     let config = scratch("sighup-config").join("tiergate.toml"); // not in the policy directory
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (public, admin) = (free(), free());
+    let (public, admin) = (common::free_port(), common::free_port());
     std::fs::write(
         &config,
         format!(

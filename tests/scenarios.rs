@@ -34,14 +34,10 @@ fn policies(name: &str, extra: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// `tiergate serve` on `dir/policies` (no file watch: reloads are the test's), with an audit
 /// trail in `dir/audit` flushed every 20 ms.
 fn serve(dir: &Path) -> common::Sidecar {
-    let (public, admin) = (free_port(), free_port());
+    let (public, admin) = (common::free_port(), common::free_port());
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 20\n",

@@ -10,13 +10,8 @@ use common::openai_stub::{self, Behaviour};
 use common::Sidecar;
 use serde_json::{json, Value};
 use sha2::Digest;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
 
 /// `printf %s KEY | sha256sum`.
 fn sha256_hex(key: &str) -> String {
@@ -28,7 +23,7 @@ fn serve(name: &str, policies: &Path, extra: &str) -> Sidecar {
     let dir: PathBuf = std::env::temp_dir().join(format!("tiergate-tenants-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (free_port(), free_port());
+    let (public, admin) = (common::free_port(), common::free_port());
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n{extra}",

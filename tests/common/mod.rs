@@ -21,6 +21,28 @@ use std::sync::Arc;
 use tiergate::gateway::Sources;
 use tiergate::{App, Config, Gateway};
 
+/// A loopback address for a child process (`tiergate serve`, Redis, the broker) to listen on.
+///
+/// Ports come from below Linux's ephemeral range (32768-60999), so nothing in this process that
+/// binds port 0 (stubs, the in-process server, clients' source ports) can take one between this
+/// call and the child's bind; with `bind(0)` here, a released port went to the next `bind(0)` and
+/// two servers given one port made one exit at start, the test then seeing "connection refused".
+/// Each call moves on to the next port, from an offset by process id, so that test binaries run
+/// side by side start apart; a port some other program holds is skipped.
+pub fn free_port() -> SocketAddr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % 500 * 24;
+    loop {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
+            return listener.local_addr().unwrap();
+        }
+    }
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -234,8 +256,7 @@ pub struct Sidecar {
 impl Sidecar {
     /// Starts it and waits (at most 30 s) until the admin listener accepts.
     pub fn start(app_url: &str) -> Sidecar {
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (public, admin) = (free(), free());
+        let (public, admin) = (free_port(), free_port());
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
         command
             .args(["serve", "--config", "config/sidecar.example.toml"])

@@ -20,7 +20,7 @@ pub struct Service {
 impl Service {
     /// A stopped service on a free loopback port, logging to a file in the temp directory.
     pub fn new(name: &'static str) -> Service {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = super::free_port().port();
         let log = std::env::temp_dir().join(format!("tiergate-{name}-{}-{port}.log", std::process::id()));
         Service { name, child: None, port, log }
     }

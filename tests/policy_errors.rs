@@ -93,3 +93,17 @@ fn the_committed_json_schema_is_the_generated_one() {
     }
     assert_eq!(committed["additionalProperties"], false, "unknown keys are errors for editors too");
 }
+
+#[test]
+fn a_language_neighbour_must_stand_for_a_served_language() {
+    let dir = std::env::temp_dir().join(format!("tiergate-perr-neighbour-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let routing = std::fs::read_to_string(repo().join("policies/routing.toml")).unwrap();
+    let routing = routing.replace("[cascade]\n", "[cascade]\nlanguage_neighbours = { jav = \"ind\" }\n");
+    std::fs::write(dir.join("routing.toml"), routing).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiergate")).arg("check-policy").arg(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("reads `jav` as `ind`, which is not in model_languages (eng)"), "{err}");
+}

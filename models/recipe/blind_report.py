@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--url", default="http://127.0.0.1:8080/v1/classify")
     ap.add_argument("--out", required=True, help="JSON report")
     ap.add_argument("--md", help="Markdown tables")
+    ap.add_argument("--decisions", help="JSON lines: each row's lang, kind, truth and whole decision (to study, not to tune on a blind set)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=30.0)
     args = ap.parse_args()
@@ -86,6 +87,11 @@ def main():
             if done % 50 == 0 or done == len(rows):
                 print(f"\r{done}/{len(rows)} classified", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
+    if args.decisions:
+        with open(args.decisions, "w", encoding="utf-8") as f:
+            for row, d in zip(rows, decisions):
+                keep = {"lang": row.get("lang"), "kind": row.get("kind"), "truth": truth(row), "decision": d}
+                f.write(json.dumps(keep, ensure_ascii=False) + "\n")
 
     by_lang = collections.defaultdict(lambda: [0, 0])
     by_kind = collections.defaultdict(lambda: [0, 0])

@@ -150,6 +150,15 @@ impl Merged {
         if let Some((file, c)) = &self.cascade {
             check_unit(file, "cascade.accept_below", c.accept_below, problems);
             check_unit(file, "cascade.ood_above", c.ood_above, problems);
+            for (guess, served) in &c.language_neighbours {
+                if !c.model_languages.contains(served) {
+                    let message = format!(
+                        "language_neighbours reads `{guess}` as `{served}`, which is not in model_languages ({})",
+                        c.model_languages.join(", ")
+                    );
+                    problems.push(at(file, "cascade.language_neighbours", message));
+                }
+            }
             if let Some(e) = c.escalate_below {
                 check_unit(file, "cascade.escalate_below", e, problems);
                 if c.accept_below > e {

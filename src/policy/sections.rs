@@ -51,6 +51,14 @@ pub struct Cascade {
     /// guess (short texts have no reliable language, but their script is always known).
     #[serde(default = "latin")]
     pub model_scripts: Vec<String>,
+    /// Languages the detector confuses with a served one, each read as that one (ISO 639-3,
+    /// guess -> served): whatlang's trigram profiles read informal Indonesian chat as Javanese,
+    /// short Russian as Bulgarian, Hindi as Marathi or Nepali (measured on the team's check sets;
+    /// `models/MODEL_CARD.md`). Without an entry such a text never gets a cpu verdict; with one,
+    /// a text truly in the neighbour language is read by the model as the served one. Empty by
+    /// default; each value must be in `model_languages`.
+    #[serde(default)]
+    pub language_neighbours: std::collections::BTreeMap<String, String>,
 }
 
 fn english() -> Vec<String> {

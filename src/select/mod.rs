@@ -289,12 +289,15 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
 }
 
 /// Why the cpu model cannot judge a text in this language: a reliably detected language outside
-/// `[cascade] model_languages`, or a script outside `[cascade] model_scripts` — in its first
-/// window or anywhere past it ([`Language::elsewhere`]: a later window in another language, or a
-/// passage in another script, as in code-mixed chat).
+/// `[cascade] model_languages` (and not one of its `language_neighbours`), or a script outside
+/// `[cascade] model_scripts` — in its first window or anywhere past it ([`Language::elsewhere`]:
+/// a later window in another language, or a passage in another script, as in code-mixed chat).
 pub fn foreign(lang: &Language, policy: &Policy) -> Option<String> {
-    let (languages, scripts) = (&policy.cascade.model_languages, &policy.cascade.model_scripts);
-    let unknown = |code: &str| code != "und" && !languages.iter().any(|k| k == code);
+    let c = &policy.cascade;
+    let (languages, scripts) = (&c.model_languages, &c.model_scripts);
+    let reads = |code: &str| languages.iter().any(|k| k == code);
+    let unknown =
+        |code: &str| code != "und" && !reads(code) && !c.language_neighbours.get(code).is_some_and(|s| reads(s));
     let unknown_script = |script: &str| script != "Zzzz" && !scripts.iter().any(|k| k == script);
     let served = || format!("{}; scripts {}", languages.join(", "), scripts.join(", "));
     if lang.reliable && unknown(lang.code) {

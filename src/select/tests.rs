@@ -559,3 +559,17 @@ fn served_scripts_and_mixtures_are_not_foreign() {
     ukr_later.elsewhere = Some(crate::text::Elsewhere { code: "ukr", script: "Cyrl" });
     assert!(foreign(&ukr_later, &multilingual).unwrap().contains("language ukr"));
 }
+
+#[test]
+fn a_neighbour_the_detector_confuses_with_a_served_language_is_read_as_it() {
+    let mut p = policy("");
+    p.cascade.model_languages.push("ind".into());
+    let jav = Language { code: "jav", guess: "jav", script: "Latn", confidence: 0.6, reliable: true, elsewhere: None };
+    assert!(foreign(&jav, &p).unwrap().contains("language jav"), "no entry: foreign");
+    p.cascade.language_neighbours.insert("jav".into(), "ind".into());
+    assert_eq!(foreign(&jav, &p), None);
+    // Only while the language it stands for is served.
+    p.cascade.language_neighbours.insert("bul".into(), "rus".into());
+    let bul = Language { code: "bul", guess: "bul", script: "Latn", ..jav };
+    assert!(foreign(&bul, &p).unwrap().contains("language bul"));
+}

@@ -18,8 +18,8 @@
 use serde::Serialize;
 use std::sync::{Arc, OnceLock};
 
-/// Fewer letters than this and the language is reported as "und" and not reliable; the script
-/// is still reported.
+/// Fewer letters than this (weighted by [`letter_weight`]: seven Chinese characters are enough) and
+/// the language is reported as "und" and not reliable; the script is still reported.
 pub const MIN_LETTERS: usize = 20;
 
 /// A guess with a lower whatlang confidence is reported as "und" and not reliable. whatlang's own
@@ -122,8 +122,9 @@ pub fn detect(text: &str) -> Language {
     lang
 }
 
-/// Language and script of one window.
-fn detect_window(sample: &str) -> Language {
+/// Language and script of one window, read in its main script only ([`main_script_only`]).
+fn detect_window(window: &str) -> Language {
+    let sample = &*main_script_only(window);
     let Some(info) = whatlang::detect(sample) else {
         return Language {
             code: "und",
@@ -134,7 +135,12 @@ fn detect_window(sample: &str) -> Language {
             elsewhere: None,
         };
     };
-    let enough = sample.chars().filter(|c| c.is_alphabetic()).take(MIN_LETTERS).count() >= MIN_LETTERS;
+    let weighted: usize = sample
+        .chars()
+        .filter(|c| c.is_alphabetic())
+        .map(|c| letter_weight(unicode_script::UnicodeScript::script(&c)))
+        .sum();
+    let enough = weighted >= MIN_LETTERS;
     if info.script() == whatlang::Script::Latin && romanised_hindi(sample) {
         // whatlang has no profile for Hindi in Latin letters (it guesses Indonesian, Tagalog or
         // English), so its own answer would be wrong either way.
@@ -156,6 +162,55 @@ fn detect_window(sample: &str) -> Language {
         reliable,
         elsewhere: None,
     }
+}
+
+/// Weight of one letter when the main script of a mixed window is chosen: a Chinese or Japanese
+/// character is a morpheme or a syllable, worth about three Latin letters (an English word
+/// averages 4.7 letters, a Chinese word 1.5 characters), so "帮我买 5 张 Apple gift card" is a
+/// Chinese text with English words in it, not an English one.
+fn letter_weight(script: unicode_script::Script) -> usize {
+    use unicode_script::Script as S;
+    match script {
+        S::Han | S::Hiragana | S::Katakana => 3,
+        S::Hangul => 2,
+        _ => 1,
+    }
+}
+
+/// Chinese characters and kana count as one script when the main script is chosen (Japanese is
+/// written in all three).
+fn script_group(script: unicode_script::Script) -> unicode_script::Script {
+    use unicode_script::Script as S;
+    match script {
+        S::Hiragana | S::Katakana => S::Han,
+        s => s,
+    }
+}
+
+/// `window` with the letters outside its main script group ([`letter_weight`], [`script_group`])
+/// blanked out, so that whatlang reads one script: its trigram guess on a mixed window is noise
+/// (Chinese chat with English words in it was read as Romanian, Afrikaans or Latin at confidence
+/// 1.0), and its own choice of script counts letters, so a few English words outvote a Chinese
+/// sentence. The other script is still found ([`other_script`]) and gated by its own name.
+fn main_script_only(window: &str) -> std::borrow::Cow<'_, str> {
+    let group = |c: char| {
+        let script = unicode_script::UnicodeScript::script(&c);
+        let skip = !c.is_alphabetic() || matches!(script, unicode_script::Script::Common | unicode_script::Script::Inherited);
+        (!skip).then(|| script_group(script))
+    };
+    let mut weights: Vec<(unicode_script::Script, usize)> = Vec::new();
+    for (c, g) in window.chars().filter_map(|c| group(c).map(|g| (c, g))) {
+        let w = letter_weight(unicode_script::UnicodeScript::script(&c));
+        match weights.iter_mut().find(|(s, _)| *s == g) {
+            Some((_, n)) => *n += w,
+            None => weights.push((g, w)),
+        }
+    }
+    if weights.len() < 2 {
+        return std::borrow::Cow::Borrowed(window);
+    }
+    let main = weights.iter().max_by_key(|&&(_, n)| n).map(|&(s, _)| s);
+    window.chars().map(|c| if group(c).is_some_and(|g| Some(g) != main) { ' ' } else { c }).collect()
 }
 
 /// Letters of another script that make a passage in it: [`MIN_LETTERS`], or in a short text
@@ -207,7 +262,10 @@ const HINDI_LATN: &[&str] = &[
     "karein", "kariye", "karunga", "karenge", "kijiye", "kuch", "kya", "kyun", "kyu", "lekin", "lena", "liye", "mera",
     "meri", "mere", "mein", "mujhe", "nahi", "nahin", "paisa", "paise", "raha", "rahe", "rahi", "rupaye", "sakta",
     "sakte", "sakti", "tha", "thi", "theek", "thik", "toh", "tum", "tumhara", "tumhe", "unka", "uska", "wala", "wale",
-    "wali", "yaar", "yeh", "woh", "wapas", "ji", "kal", "karwa",
+    "wali", "yaar", "yeh", "woh", "wapas", "ji", "kal", "karwa", "aaj", "kyunki", "bilkul", "zaroor", "pehle", "baad",
+    "sabko", "sabhi", "ghar", "kaam", "dekho", "chalo", "chalein", "gaye", "raat", "subah", "sirf", "phir", "magar",
+    "naya", "purana", "wajah", "rakhein", "kabhi", "dhyan", "kisi", "kitna", "kitne", "hamesha", "zyada", "thoda",
+    "saath", "waise", "jaise", "jayegi", "aayega", "aayegi", "samajh", "ghoom",
 ];
 
 /// Whether a Latin-script sample reads as romanised Hindi: at least three distinct words of

@@ -15,26 +15,63 @@ use tiergate::policy::Policy;
 use tiergate::request::ClassifyRequest;
 use tiergate::rules::{ModelView, RulesInput};
 use tiergate::select::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use tiergate::text::Language;
 use tiergate::tier::breaker::CircuitState;
+use tiergate::tier::windows::TokenCounter;
 use tiergate::tier::ModelVerdict;
 use tiergate::web::ServerConfig;
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
 
+/// A request as it arrives: the body, the headers and the server's limits it is validated with.
+struct Incoming {
+    headers: HeaderMap,
+    limits: ServerConfig,
+    body: String,
+}
+
+/// What the routing decisions are made on: the tiers' signals, the cpu verdict and its language.
+struct Routing {
+    snapshot: SignalsSnapshot,
+    verdict: ModelVerdict,
+    english: Language,
+}
+
 fn bench(c: &mut Criterion) {
     let policy = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
-    let limits = ServerConfig::default();
-    let headers = HeaderMap::new();
-    let body =
-        serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"}).to_string();
+    let incoming = Incoming {
+        headers: HeaderMap::new(),
+        limits: ServerConfig::default(),
+        body: serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"})
+            .to_string(),
+    };
     let long = SHORT.repeat(12);
 
+    bench_extract(c, &incoming);
+    bench_rules(c, &policy, &long);
+    bench_text(c, &policy, &long);
+    let assets =
+        tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
+    let counter = assets.token_counter();
+    // 60 words, under tokens_full: the worst case, where the whole text is tokenised.
+    let worst = "please confirm the delivery address for order 4471 and the time slot ".repeat(5);
+    bench_complexity(c, &policy, &counter, &worst, &long);
+    let routing = Routing { snapshot: snapshot(), verdict: verdict(), english: english() };
+    bench_route(c, &policy, &routing);
+    bench_request_path(c, &policy, &counter, &routing, &incoming, &worst);
+}
+
+fn bench_extract(c: &mut Criterion, incoming: &Incoming) {
+    let Incoming { headers, limits, body } = incoming;
     c.bench_function("extract/classify_request", |b| {
-        b.iter(|| ClassifyRequest::from_json(black_box(&headers), black_box(body.as_bytes()), &limits).unwrap())
+        b.iter(|| ClassifyRequest::from_json(black_box(headers), black_box(body.as_bytes()), limits).unwrap())
     });
+}
+
+fn bench_rules(c: &mut Criterion, policy: &Policy, long: &str) {
     let features = serde_json::json!({"amount": 120, "country": "DE"}).as_object().cloned().unwrap();
     let model = Some(ModelView { risk_score: 0.6, confidence: 0.6, ood_score: Some(0.4) });
-    for (name, text) in [("rules/evaluate_short", SHORT), ("rules/evaluate_1k", long.as_str())] {
+    for (name, text) in [("rules/evaluate_short", SHORT), ("rules/evaluate_1k", long)] {
         c.bench_function(name, |b| {
             b.iter(|| {
                 let signals = policy.rules.count_signals(black_box(text));
@@ -50,22 +87,21 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    for (name, text) in [("text/short", SHORT), ("text/1k", long.as_str())] {
+}
+
+fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {
+    for (name, text) in [("text/short", SHORT), ("text/1k", long)] {
         c.bench_function(&format!("{name}/canonicalize"), |b| b.iter(|| tiergate::text::canonicalize(black_box(text))));
         c.bench_function(&format!("{name}/detect"), |b| b.iter(|| tiergate::text::detect(black_box(text))));
         c.bench_function(&format!("{name}/count_signals"), |b| b.iter(|| policy.rules.count_signals(black_box(text))));
     }
+}
+
+fn bench_complexity(c: &mut Criterion, policy: &Policy, counter: &TokenCounter, worst: &str, long: &str) {
     let spec = &policy.complexity;
-    let assets =
-        tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
-    let counter = assets.token_counter();
-    // 60 words, under tokens_full: the worst case, where the whole text is tokenised.
-    let worst = "please confirm the delivery address for order 4471 and the time slot ".repeat(5);
-    for (name, text) in [
-        ("complexity/rate_short", SHORT),
-        ("complexity/rate_60_words", worst.as_str()),
-        ("complexity/rate_1k", long.as_str()),
-    ] {
+    for (name, text) in
+        [("complexity/rate_short", SHORT), ("complexity/rate_60_words", worst), ("complexity/rate_1k", long)]
+    {
         c.bench_function(name, |b| {
             b.iter(|| {
                 // What Gateway::rate does: scan, count tokens (bounded), add signal hits.
@@ -76,7 +112,67 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    let snapshot = SignalsSnapshot {
+}
+
+fn bench_route(c: &mut Criterion, policy: &Policy, routing: &Routing) {
+    let Routing { snapshot, verdict, english } = routing;
+    let complexity = rate(&scan(SHORT), &policy.complexity);
+    c.bench_function("route/start", |b| {
+        b.iter(|| start(black_box(&complexity), policy, black_box(snapshot), Duration::from_millis(200)))
+    });
+    c.bench_function("calibrate/softmax_t", |b| b.iter(|| softmax_t(black_box(&[1.3, -2.1]), black_box(1.37))));
+    c.bench_function("route/after_cpu", |b| {
+        b.iter(|| after_cpu(black_box(verdict), english, &complexity, policy, &Ok(())))
+    });
+}
+
+/// The whole request path without the model, as the gateway runs it: validate the body,
+/// canonical text, rate complexity (text scan, tokens, signal hits), choose the starting tier,
+/// then judge the cpu verdict. Tokens: the word count where no gpu tier exists (the shipped
+/// config; the cpu worker tokenises), the real tokenizer where one does (`_gpu`). The language
+/// the verdict is judged with is detected on the cpu worker beside tokenisation
+/// (`text/*/detect` is its cost there). `worst` is the 60-word text whose tokens are all counted.
+fn bench_request_path(
+    c: &mut Criterion,
+    policy: &Policy,
+    counter: &TokenCounter,
+    routing: &Routing,
+    incoming: &Incoming,
+    worst: &str,
+) {
+    let (Incoming { headers, limits, body }, spec) = (incoming, &policy.complexity);
+    let Routing { snapshot, verdict, english } = routing;
+    let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
+    for (name, body, gpu) in [
+        ("request_path/short", body, false),
+        ("request_path/worst", &worst_body, false),
+        ("request_path/short_gpu", body, true),
+        ("request_path/worst_gpu", &worst_body, true),
+    ] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let req = ClassifyRequest::from_json(headers, black_box(body.as_bytes()), limits).unwrap();
+                let canonical = tiergate::text::canonicalize(&req.text);
+                let text = if canonical.signals.changed { canonical.text.as_str() } else { &*req.text };
+                let mut stats = scan(text);
+                stats.tokens = if gpu {
+                    counter.count(text, spec.tokens_full).count
+                } else {
+                    tiergate::tier::windows::Tokens::lower_bound(text, spec.tokens_full).count
+                };
+                stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
+                stats.features = req.features.len();
+                let complexity = rate(&stats, spec);
+                let s = start(&complexity, policy, snapshot, req.deadline);
+                (s, after_cpu(verdict, english, &complexity, policy, &Ok(())))
+            })
+        });
+    }
+}
+
+/// The tiers' signals the routing benchmarks decide on: both tiers healthy and lightly loaded.
+fn snapshot() -> SignalsSnapshot {
+    SignalsSnapshot {
         tenant: Default::default(),
         cpu: CpuSignals {
             utilization: Some(0.4),
@@ -98,13 +194,12 @@ fn bench(c: &mut Criterion) {
             was_below: Default::default(),
             endpoints_available: None,
         },
-    };
-    let complexity = rate(&scan(SHORT), spec);
-    c.bench_function("route/start", |b| {
-        b.iter(|| start(black_box(&complexity), &policy, black_box(&snapshot), Duration::from_millis(200)))
-    });
-    c.bench_function("calibrate/softmax_t", |b| b.iter(|| softmax_t(black_box(&[1.3, -2.1]), black_box(1.37))));
-    let verdict = ModelVerdict {
+    }
+}
+
+/// A confident low-risk verdict of the cpu tier.
+fn verdict() -> ModelVerdict {
+    ModelVerdict {
         risk_score: 0.03,
         confidence: 0.97,
         ood_score: Some(0.4),
@@ -115,51 +210,12 @@ fn bench(c: &mut Criterion) {
         endpoint: None,
         window: None,
         unread: false,
-    };
-    let english = tiergate::text::Language {
-        code: "eng",
-        guess: "eng",
-        script: "Latn",
-        confidence: 0.9,
-        reliable: true,
-        elsewhere: None,
-    };
-    c.bench_function("route/after_cpu", |b| {
-        b.iter(|| after_cpu(black_box(&verdict), &english, &complexity, &policy, &Ok(())))
-    });
-
-    // The whole request path without the model, as the gateway runs it: validate the body,
-    // canonical text, rate complexity (text scan, tokens, signal hits), choose the starting tier,
-    // then judge the cpu verdict. Tokens: the word count where no gpu tier exists (the shipped
-    // config; the cpu worker tokenises), the real tokenizer where one does (`_gpu`). The language
-    // the verdict is judged with is detected on the cpu worker beside tokenisation
-    // (`text/*/detect` is its cost there). `worst` is the 60-word text whose tokens are all counted.
-    let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
-    for (name, body, gpu) in [
-        ("request_path/short", &body, false),
-        ("request_path/worst", &worst_body, false),
-        ("request_path/short_gpu", &body, true),
-        ("request_path/worst_gpu", &worst_body, true),
-    ] {
-        c.bench_function(name, |b| {
-            b.iter(|| {
-                let req = ClassifyRequest::from_json(&headers, black_box(body.as_bytes()), &limits).unwrap();
-                let canonical = tiergate::text::canonicalize(&req.text);
-                let text = if canonical.signals.changed { canonical.text.as_str() } else { &*req.text };
-                let mut stats = scan(text);
-                stats.tokens = if gpu {
-                    counter.count(text, spec.tokens_full).count
-                } else {
-                    tiergate::tier::windows::Tokens::lower_bound(text, spec.tokens_full).count
-                };
-                stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
-                stats.features = req.features.len();
-                let complexity = rate(&stats, spec);
-                let s = start(&complexity, &policy, &snapshot, req.deadline);
-                (s, after_cpu(&verdict, &english, &complexity, &policy, &Ok(())))
-            })
-        });
     }
+}
+
+/// The language the verdict is judged with: reliably detected English.
+fn english() -> Language {
+    Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None }
 }
 
 criterion_group!(benches, bench);

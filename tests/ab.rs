@@ -51,13 +51,13 @@ fn metric(text: &str, line_start: &str) -> Option<u64> {
     text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
+/// `tiergate serve` with the bundled policies live and `candidate` on half the authenticated
+/// traffic (sticky by `x-ab-key`), rolled back after 5 decisions whose block rate is out of band.
+fn serve_ab(candidate: &std::path::Path) -> (common::Sidecar, SocketAddr, SocketAddr) {
     let dir = std::env::temp_dir().join(format!("tiergate-ab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (public, admin) = (common::free_port(), common::free_port());
-    let candidate = blocks_everything();
     let config = format!(
         "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
          [policies]\ndir = \"{}\"\nwatch = false\n\
@@ -71,10 +71,11 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     );
     std::fs::write(dir.join("tiergate.toml"), config).unwrap();
     let server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
-    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
-    assert_eq!(status["ab"]["state"], "active", "{status}");
-    let (live_version, candidate_version) = (status["version"].clone(), status["ab"]["candidate"]["version"].clone());
+    (server, public, admin)
+}
 
+/// Only an authenticated tenant's key can reach the candidate, and only for scenarios it has.
+async fn unauthenticated_keys_stay_live(public: SocketAddr) {
     // The live policy decides a request without a key, and one naming a scenario the candidate
     // lacks even when its key is the candidate's (the bundled `payments` is live-only here).
     assert_eq!(classify_with(public, &[]).await["arm"], "live");
@@ -101,6 +102,38 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
             arm_of_acme(&key)
         );
     }
+}
+
+/// The A/B state and metrics after the rollback; the count of candidate decisions it saw.
+async fn assert_rolled_back(admin: SocketAddr, candidate_version: &Value, by_candidate: usize) -> Option<u64> {
+    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
+    let ab = &status["ab"];
+    assert_eq!(ab["state"], "rolled_back", "{ab}");
+    let rollback = &ab["rollback"];
+    assert_eq!((rollback["measure"].as_str(), rollback["candidate_rate"].as_f64()), (Some("block"), Some(1.0)));
+    assert!(rollback["live_rate"].as_f64().unwrap() < 0.8, "{rollback}");
+    assert!(rollback["at_unix"].as_f64().unwrap() > 1.7e9, "{rollback}");
+    assert!(rollback["reason"].as_str().unwrap().starts_with("block rate 1.000 vs live"), "{rollback}");
+    assert_eq!(&rollback["candidate_version"], candidate_version);
+
+    let metrics = String::from_utf8_lossy(&common::send(admin, "GET", "/metrics", &[], "").await.body).to_string();
+    assert_eq!(metric(&metrics, "tiergate_ab_rollbacks_total{measure=\"block\"}"), Some(1), "{metrics}");
+    assert_eq!(metric(&metrics, "tiergate_ab_candidate_active"), Some(0));
+    let counted = metric(&metrics, "tiergate_ab_decisions_total{arm=\"candidate\",action=\"block\"}");
+    assert_eq!(counted, Some(by_candidate as u64), "every candidate decision counted for its arm");
+
+    counted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
+    let candidate = blocks_everything();
+    let (server, public, admin) = serve_ab(&candidate);
+    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
+    assert_eq!(status["ab"]["state"], "active", "{status}");
+    let (live_version, candidate_version) = (status["version"].clone(), status["ab"]["candidate"]["version"].clone());
+
+    unauthenticated_keys_stay_live(public).await;
 
     let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
     let mut by_candidate = Vec::new();
@@ -122,21 +155,7 @@ async fn ab_rollback_fires_on_a_candidate_that_blocks_everything() {
     }
     assert!(by_candidate.len() >= 5, "about half of 40 keys are the candidate's: {}", by_candidate.len());
 
-    let status = common::send(admin, "GET", "/admin/policy", &[], "").await.json();
-    let ab = &status["ab"];
-    assert_eq!(ab["state"], "rolled_back", "{ab}");
-    let rollback = &ab["rollback"];
-    assert_eq!((rollback["measure"].as_str(), rollback["candidate_rate"].as_f64()), (Some("block"), Some(1.0)));
-    assert!(rollback["live_rate"].as_f64().unwrap() < 0.8, "{rollback}");
-    assert!(rollback["at_unix"].as_f64().unwrap() > 1.7e9, "{rollback}");
-    assert!(rollback["reason"].as_str().unwrap().starts_with("block rate 1.000 vs live"), "{rollback}");
-    assert_eq!(rollback["candidate_version"], candidate_version);
-
-    let metrics = String::from_utf8_lossy(&common::send(admin, "GET", "/metrics", &[], "").await.body).to_string();
-    assert_eq!(metric(&metrics, "tiergate_ab_rollbacks_total{measure=\"block\"}"), Some(1), "{metrics}");
-    assert_eq!(metric(&metrics, "tiergate_ab_candidate_active"), Some(0));
-    let counted = metric(&metrics, "tiergate_ab_decisions_total{arm=\"candidate\",action=\"block\"}");
-    assert_eq!(counted, Some(by_candidate.len() as u64), "every candidate decision counted for its arm");
+    let counted = assert_rolled_back(admin, &candidate_version, by_candidate.len()).await;
 
     // Rolled back: the candidate's own keys are decided by the live policy.
     for key in &by_candidate {

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 const MAX_FILE_LINES: usize = 600;
 const MAX_FN_LINES: usize = 80;
-/// Functions that are declarative tables, allowed to be long.
-const TABLES: [&str; 1] = ["src/metrics.rs::new"];
+/// Functions that are declarative tables, allowed to be long (metric registration, a table of
+/// hostile requests).
+const TABLES: [&str; 2] = ["src/metrics.rs::new", "tests/proxy_hostile.rs::hostile_table"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {

@@ -49,10 +49,10 @@ async fn post(addr: std::net::SocketAddr, path: &str, id: &str, body: Value) -> 
     common::send(addr, "POST", path, &headers, body.to_string()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_decision_has_exactly_one_record_of_its_kind() {
-    let app = app::start();
-    let dir = scratch("one-each");
+/// The server of [`every_decision_has_exactly_one_record_of_its_kind`]: redacted audit in `dir`,
+/// a shadow candidate on every request, and routes in front of `app` (one whose policy finds the
+/// fake cpu saturated, so that its requests are forwarded unscreened, and one with a stream guard).
+fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, std::sync::Arc<tiergate::Gateway>) {
     // A route policy under which the (fake, 95 %) busy cpu is saturated and no model tier can
     // take a request: tiergate's own fault, which the fail-open route forwards unscreened.
     let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
@@ -94,7 +94,7 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     );
     let policies = common::repo().join("policies");
     let mut config = common::config_with_routes(&policies, &routes);
-    config.audit = Some(AuditConfig { dir: dir.clone(), text: TextMode::Redacted, ..AuditConfig::default() });
+    config.audit = Some(AuditConfig { dir: dir.to_path_buf(), text: TextMode::Redacted, ..AuditConfig::default() });
     // The requests name their tenant themselves; the audit records it only where claims count.
     config.tenants.accept_claimed = true;
     // A candidate under which every model verdict is at least `review`: it disagrees with the
@@ -105,10 +105,12 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, ..Default::default() };
     config.signals.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
-    let (addr, gateway) =
-        common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() });
+    common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() })
+}
 
-    let (n, m) = (6, 6);
+/// `n` classify requests and `m` screened ones, benign and phishing in turn: (request id, kind,
+/// action answered, text).
+async fn send_mix(addr: std::net::SocketAddr, n: usize, m: usize) -> Vec<(String, &'static str, String, &'static str)> {
     let mut said = Vec::new();
     for i in 0..n {
         let (id, text) = (format!("classify-{i}"), if i % 2 == 0 { BENIGN } else { PHISHING });
@@ -128,6 +130,45 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
         };
         said.push((id, "screen", action.to_string(), text));
     }
+    said
+}
+
+/// The records of request `id`: one of `kind` with the action the client was told, at most one
+/// shadow record beside it, and what each kind must carry.
+fn check_records(dir: &Path, id: &str, kind: &str, action: &str, text: &str) {
+    let found = records(dir, id);
+    let of_kind: Vec<_> = found.iter().filter(|r| r.kind.as_str() == kind).collect();
+    assert_eq!(of_kind.len(), 1, "{id}: one {kind} record, got {found:?}");
+    let r = of_kind[0];
+    assert_eq!((r.action.as_str(), r.request_id.as_str()), (action, id), "{id}");
+    let shadows = found.iter().filter(|r| r.kind.as_str() == "shadow").count();
+    assert!(shadows <= 1 && found.len() == 1 + shadows, "{id}: {found:?}");
+    if action == "unscreened" {
+        assert_eq!((r.tier.as_str(), r.label, r.risk_score), ("unscreened", None, None));
+        assert!(r.path[0]["reason"].as_str().unwrap().contains("saturated"), "{:?}", r.path);
+    } else {
+        assert_eq!(r.tenant.as_deref(), Some("acme"));
+        assert_eq!(r.model.sha256.as_deref().map(str::len), Some(64), "the model's manifest digest");
+        assert!(!r.policy_version.is_empty() && !r.path.is_empty() && r.lang.is_some());
+        assert_eq!(r.route.as_deref(), (kind == "screen").then_some("chat"));
+    }
+    if action == "allow" {
+        assert_eq!(shadows, 1, "{id}: the candidate reviews what the live policy allows");
+    }
+    // An unscreened request (shed before screening) keeps no text.
+    if text == BENIGN && action != "unscreened" {
+        assert!(r.text.value.contains("[email]") && !r.text.value.contains("jan@"), "{}", r.text.value);
+        assert_eq!(r.text_chars, BENIGN.chars().count() as u64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_has_exactly_one_record_of_its_kind() {
+    let app = app::start();
+    let dir = scratch("one-each");
+    let (addr, gateway) = one_each_server(&app, &dir);
+    let (n, m) = (6, 6);
+    let said = send_mix(addr, n, m).await;
     assert!(said.iter().any(|(_, _, a, _)| a == "unscreened") && said.iter().any(|(_, _, a, _)| a == "block"));
     let query = form_urlencoded::Serializer::new(String::new())
         .append_pair("chunks", &format!("Hello there.|{RISKY}"))
@@ -138,30 +179,7 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
 
     gateway.audit.as_ref().unwrap().flush();
     for (id, kind, action, text) in &said {
-        let found = records(&dir, id);
-        let of_kind: Vec<_> = found.iter().filter(|r| r.kind.as_str() == *kind).collect();
-        assert_eq!(of_kind.len(), 1, "{id}: one {kind} record, got {found:?}");
-        let r = of_kind[0];
-        assert_eq!((&r.action, &r.request_id), (action, id), "{id}");
-        let shadows = found.iter().filter(|r| r.kind.as_str() == "shadow").count();
-        assert!(shadows <= 1 && found.len() == 1 + shadows, "{id}: {found:?}");
-        if action == "unscreened" {
-            assert_eq!((r.tier.as_str(), r.label, r.risk_score), ("unscreened", None, None));
-            assert!(r.path[0]["reason"].as_str().unwrap().contains("saturated"), "{:?}", r.path);
-        } else {
-            assert_eq!(r.tenant.as_deref(), Some("acme"));
-            assert_eq!(r.model.sha256.as_deref().map(str::len), Some(64), "the model's manifest digest");
-            assert!(!r.policy_version.is_empty() && !r.path.is_empty() && r.lang.is_some());
-            assert_eq!(r.route.as_deref(), (*kind == "screen").then_some("chat"));
-        }
-        if action == "allow" {
-            assert_eq!(shadows, 1, "{id}: the candidate reviews what the live policy allows");
-        }
-        // An unscreened request (shed before screening) keeps no text.
-        if *text == BENIGN && action != "unscreened" {
-            assert!(r.text.value.contains("[email]") && !r.text.value.contains("jan@"), "{}", r.text.value);
-            assert_eq!(r.text_chars, BENIGN.chars().count() as u64);
-        }
+        check_records(&dir, id, kind, action, text);
     }
     let cut = records(&dir, "cut-1");
     assert_eq!(cut.len(), 1, "{cut:?}");

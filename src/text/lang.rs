@@ -195,7 +195,8 @@ fn script_group(script: unicode_script::Script) -> unicode_script::Script {
 fn main_script_only(window: &str) -> std::borrow::Cow<'_, str> {
     let group = |c: char| {
         let script = unicode_script::UnicodeScript::script(&c);
-        let skip = !c.is_alphabetic() || matches!(script, unicode_script::Script::Common | unicode_script::Script::Inherited);
+        let skip =
+            !c.is_alphabetic() || matches!(script, unicode_script::Script::Common | unicode_script::Script::Inherited);
         (!skip).then(|| script_group(script))
     };
     let mut weights: Vec<(unicode_script::Script, usize)> = Vec::new();

@@ -123,6 +123,40 @@ fn streamed(content_type: &str, pieces: Vec<Bytes>, gap: Duration) -> Response<B
     r
 }
 
+/// `/echo...`: the request recorded with its body, which comes back with hop-by-hop headers the
+/// proxy must strip.
+async fn echo(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    handle.seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        uri: parts.uri.to_string(),
+        version: parts.version,
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let mut r = full(StatusCode::OK, body);
+    r.headers_mut().insert("x-app", "echo".parse().unwrap());
+    r.headers_mut().insert("connection", "x-app-hop".parse().unwrap());
+    r.headers_mut().insert("x-app-hop", "must not reach the client".parse().unwrap());
+    r
+}
+
+/// An OpenAI-style chat completion streamed as server-sent events, one chunk per `|`-separated
+/// piece of `reply`.
+fn chat_completion_stream(reply: &str) -> Response<Body> {
+    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+        let chunk = serde_json::json!({"id": "chatcmpl-app", "object": "chat.completion.chunk", "created": 1764547200,
+            "model": "app-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        Bytes::from(format!("data: {chunk}\n\n"))
+    };
+    let mut pieces: Vec<Bytes> =
+        reply.split('|').map(|piece| chunk(serde_json::json!({"content": piece}), None)).collect();
+    pieces.push(chunk(serde_json::json!({}), Some("stop")));
+    pieces.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    streamed("text/event-stream", pieces, Duration::from_millis(20))
+}
+
 async fn serve(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let gap = Duration::from_millis(query(&req, "gap_ms").and_then(|v| v.parse().ok()).unwrap_or(0));
@@ -137,22 +171,7 @@ async fn serve(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
         });
     }
     match path.as_str() {
-        p if p.starts_with("/echo") => {
-            let (parts, body) = req.into_parts();
-            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-            handle.seen.lock().unwrap().push(Seen {
-                method: parts.method.to_string(),
-                uri: parts.uri.to_string(),
-                version: parts.version,
-                headers: parts.headers.clone(),
-                body: body.clone(),
-            });
-            let mut r = full(StatusCode::OK, body);
-            r.headers_mut().insert("x-app", "echo".parse().unwrap());
-            r.headers_mut().insert("connection", "x-app-hop".parse().unwrap());
-            r.headers_mut().insert("x-app-hop", "must not reach the client".parse().unwrap());
-            r
-        }
+        p if p.starts_with("/echo") => echo(handle, req).await,
         "/bytes" => {
             let n: usize = query(&req, "n").and_then(|v| v.parse().ok()).unwrap_or(0);
             let pieces = pattern(n).chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
@@ -193,17 +212,7 @@ async fn serve(handle: AppHandle, req: Request<Incoming>) -> Response<Body> {
             streamed("text/plain; charset=utf-8", chunks.split('|').map(|c| Bytes::from(c.to_string())).collect(), gap)
         }
         _ if req.headers().contains_key("x-reply") => {
-            let reply = req.headers()["x-reply"].to_str().unwrap_or_default().to_string();
-            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-                let chunk = serde_json::json!({"id": "chatcmpl-app", "object": "chat.completion.chunk", "created": 1764547200,
-                    "model": "app-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-                Bytes::from(format!("data: {chunk}\n\n"))
-            };
-            let mut pieces: Vec<Bytes> =
-                reply.split('|').map(|piece| chunk(serde_json::json!({"content": piece}), None)).collect();
-            pieces.push(chunk(serde_json::json!({}), Some("stop")));
-            pieces.push(Bytes::from_static(b"data: [DONE]\n\n"));
-            streamed("text/event-stream", pieces, Duration::from_millis(20))
+            chat_completion_stream(req.headers()["x-reply"].to_str().unwrap_or_default())
         }
         _ => full(StatusCode::OK, r#"{"app": true}"#),
     }

@@ -5,6 +5,7 @@
 pub mod app;
 pub mod llama;
 pub mod openai_stub;
+pub mod proxy;
 pub mod python;
 pub mod redis;
 pub mod service;

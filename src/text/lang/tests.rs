@@ -56,7 +56,8 @@ fn chinese_chat_with_english_words_is_chinese_with_a_latin_passage() {
         assert_eq!(l.elsewhere.map(|e| e.script), Some("Latn"), "{text}");
     }
     // Japanese in kana and kanji with a few Latin letters is Japanese.
-    let l = detect("【在宅ワーク】スマホで簡単な「いいね」作業をするだけで1日5,000〜30,000円！ノルマなし、SNSで今すぐ登録");
+    let l =
+        detect("【在宅ワーク】スマホで簡単な「いいね」作業をするだけで1日5,000〜30,000円！ノルマなし、SNSで今すぐ登録");
     assert_eq!(l.code, "jpn", "{l:?}");
 }
 

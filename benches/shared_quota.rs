@@ -5,8 +5,17 @@
 //!
 //! Run: `cargo bench --bench shared_quota`
 
+// The tests' Redis harness, with the two things it takes from its parent module there: the
+// service runner and a free port for the child process.
 #[path = "../tests/common/redis.rs"]
 mod redis_server;
+#[path = "../tests/common/service.rs"]
+mod service;
+
+/// A loopback port for redis-server (the bench binds nothing else, so `bind(0)` cannot race).
+fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;

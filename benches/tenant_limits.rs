@@ -13,11 +13,11 @@ use http::HeaderMap;
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
+use tiergate::breaker::CircuitState;
 use tiergate::gateway::tenant_signals;
 use tiergate::policy::Policy;
 use tiergate::select::{gpu_eligibility, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use tiergate::tenant::{fair_share_slots, LocalQuotas, QuotaStore, Tenants, TenantsConfig};
-use tiergate::tier::breaker::CircuitState;
 
 fn snapshot() -> SignalsSnapshot {
     SignalsSnapshot {

@@ -13,6 +13,7 @@
 pub mod action;
 pub mod audit;
 pub mod balance;
+pub mod breaker;
 pub mod calibrate;
 pub mod complexity;
 pub mod config;

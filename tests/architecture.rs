@@ -182,3 +182,159 @@ fn strip_literals(line: &str) -> String {
     }
     out
 }
+
+/// The module path of a file under `src/` ("src/audit/kafka/shipper.rs" -> audit, kafka, shipper;
+/// "src/audit/mod.rs" -> audit).
+fn module_path(rel: &str) -> Vec<String> {
+    let inner = rel.trim_start_matches("src/").trim_end_matches(".rs");
+    let mut path: Vec<String> = inner.split('/').map(String::from).collect();
+    if path.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+        path.pop();
+    }
+    path
+}
+
+/// The paths a use-tree starting at `s` names ("a::b::{c, d::e}" -> a::b::c, a::b::d::e), each
+/// cut at its first item that is not a plain identifier.
+fn use_paths(s: &str) -> Vec<Vec<String>> {
+    let ident_end = |s: &str| s.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(s.len());
+    let mut head = Vec::new();
+    let mut rest = s;
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            // Split the group at its top-level commas.
+            let (mut depth, mut start, mut out) = (0, 0, Vec::new());
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.push(&group[start..i]);
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(&group[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return out.iter().flat_map(|item| use_paths(item.trim())).map(|p| [head.clone(), p].concat()).collect();
+        }
+        let end = ident_end(rest);
+        if end == 0 {
+            return vec![head];
+        }
+        head.push(rest[..end].to_string());
+        match rest[end..].strip_prefix("::") {
+            Some(more) => rest = more.trim_start(),
+            None => return vec![head],
+        }
+    }
+}
+
+/// Files of `src/` that `text` (the file at module path `at`) names through `crate::` or
+/// `super::`, outside test code, as module paths of existing files.
+fn file_references(text: &str, at: &[String], files: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut out = BTreeSet::new();
+    for (prefix, base) in [("crate::", Vec::new()), ("super::", at[..at.len().saturating_sub(1)].to_vec())] {
+        let mut rest = code;
+        while let Some(i) = rest.find(prefix) {
+            let preceded = rest[..i].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            rest = &rest[i + prefix.len()..];
+            if preceded {
+                continue;
+            }
+            for path in use_paths(rest) {
+                let full = [base.clone(), path].concat();
+                // The longest prefix of the path that is a file.
+                if let Some(n) = (1..=full.len()).rev().find(|&n| files.contains(&full[..n])) {
+                    out.insert(full[..n].to_vec());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_cycles_between_files() {
+    let sources: Vec<(Vec<String>, String)> = sources()
+        .into_iter()
+        .filter(|(_, rel, _)| !rel.ends_with("tests.rs") && rel != "src/main.rs")
+        .map(|(_, rel, text)| (module_path(&rel), text))
+        .collect();
+    let files: BTreeSet<Vec<String>> = sources.iter().map(|(p, _)| p.clone()).collect();
+    // A file and its ancestors' files (a module file declaring and re-exporting its children, a
+    // child naming its parent's items) are one unit here; circles between siblings are what count.
+    let related = |a: &[String], b: &[String]| a.starts_with(b) || b.starts_with(a);
+    let edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = sources
+        .iter()
+        .map(|(at, text)| {
+            let targets = file_references(text, at, &files).into_iter().filter(|t| !related(at, t)).collect();
+            (at.clone(), targets)
+        })
+        .collect();
+    let mut circles = BTreeSet::new();
+    for start in &files {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(Vec<String>, Vec<String>)> = vec![(start.clone(), vec![start.join("::")])];
+        while let Some((at, path)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if next == start {
+                    let mut circle = path.clone();
+                    let min = circle.iter().enumerate().min_by_key(|(_, p)| *p).map_or(0, |(i, _)| i);
+                    circle.rotate_left(min);
+                    circles.insert(circle.join(" -> "));
+                } else if seen.insert(next.clone()) {
+                    stack.push((next.clone(), [path.clone(), vec![next.join("::")]].concat()));
+                }
+            }
+        }
+    }
+    assert!(circles.is_empty(), "file-level import circles:\n{}", circles.into_iter().collect::<Vec<_>>().join("\n"));
+}
+
+/// The layer of each module in docs/ARCHITECTURE.md's "Modules, lowest first" table (the row it
+/// is named in, from 0).
+fn declared_layers() -> BTreeMap<String, usize> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md")).unwrap();
+    let table = doc.split("## Modules, lowest first").nth(1).expect("the modules table").split("\n## ").next().unwrap();
+    let rows = table.lines().filter(|l| l.starts_with("| `"));
+    let mut layers = BTreeMap::new();
+    for (layer, row) in rows.enumerate() {
+        let names = row.split('|').nth(1).unwrap_or_default();
+        for name in names.split(',').map(|n| n.trim().trim_matches('`')) {
+            layers.insert(name.to_string(), layer);
+        }
+    }
+    layers
+}
+
+#[test]
+fn modules_use_only_modules_declared_below_them() {
+    let layers = declared_layers();
+    let mut against = BTreeSet::new();
+    for (module, rel, text) in sources() {
+        if module == "lib" || module == "main" || rel.ends_with("tests.rs") {
+            continue;
+        }
+        let Some(&at) = layers.get(&module) else {
+            against.insert(format!("{module} is not in docs/ARCHITECTURE.md's modules table"));
+            continue;
+        };
+        for target in references(&text) {
+            if let Some(&to) = layers.get(&target) {
+                if target != module && to >= at {
+                    against.insert(format!("{rel} uses crate::{target}, declared at or above it"));
+                }
+            }
+        }
+    }
+    assert!(
+        against.is_empty(),
+        "arrows against the declared order:\n{}",
+        against.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}

@@ -7,9 +7,9 @@ mod common;
 use common::redis::Redis;
 use std::sync::Arc;
 use std::time::Duration;
+use tiergate::breaker::CircuitState;
 use tiergate::tenant::shared::{OnOutage, RedisConfig, SharedQuotaMetrics, SharedQuotas};
 use tiergate::tenant::{LocalQuotas, Quota, QuotaStore};
-use tiergate::tier::breaker::CircuitState;
 
 /// A connected store over `redis`; generous timeout: this machine is shared and loaded.
 async fn store(redis: &Redis, on_outage: OnOutage, replicas: u32) -> (SharedQuotas, SharedQuotaMetrics) {

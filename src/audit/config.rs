@@ -2,24 +2,9 @@
 //! behave, and how large and old it may grow.
 
 use super::kafka::KafkaConfig;
+pub use super::text::TextMode;
 use serde::Deserialize;
 use std::path::PathBuf;
-
-/// How a record keeps the screened text (`[audit] text`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TextMode {
-    /// HMAC-SHA256 of the text under the deployment's key (lower-case hex): the same text gives
-    /// the same value, so repeats can be found and a given text checked, but the trail alone
-    /// does not reveal it (an unkeyed hash of a short message falls to a dictionary).
-    #[default]
-    Hash,
-    /// The text with e-mail addresses, phone numbers, card numbers (Luhn-checked) and IBANs
-    /// (mod-97-checked) masked.
-    Redacted,
-    /// The text as sent. Only for deployments that opt in.
-    Full,
-}
 
 /// What happens to a decision whose record finds the queue full (`[audit] on_full`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -5,10 +5,25 @@ mod redact;
 
 pub use redact::{luhn, redact};
 
-use super::config::TextMode;
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+
+/// How a record keeps the screened text (`[audit] text`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TextMode {
+    /// HMAC-SHA256 of the text under the deployment's key (lower-case hex): the same text gives
+    /// the same value, so repeats can be found and a given text checked, but the trail alone
+    /// does not reveal it (an unkeyed hash of a short message falls to a dictionary).
+    #[default]
+    Hash,
+    /// The text with e-mail addresses, phone numbers, card numbers (Luhn-checked) and IBANs
+    /// (mod-97-checked) masked.
+    Redacted,
+    /// The text as sent. Only for deployments that opt in.
+    Full,
+}
 
 /// `text` in a record: how it was kept and the value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,6 +24,7 @@ pub mod shadow_model;
 pub use cascade::TenantGate;
 pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
 
+use crate::breaker::CircuitState;
 use crate::complexity;
 use crate::decision::{Decision, Explain, Subject, TierName};
 use crate::error::ApiError;
@@ -34,11 +35,10 @@ use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, Sig
 use crate::signals::cpu::{CpuSource, ProcStat};
 use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
-use crate::tenant::identity::OTHER;
+use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
 use crate::tenant::{Identity, QuotaStore, Tenants};
 use crate::text::{self, LanguageCell};
-use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::{Backend, GpuTier};
 use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;

@@ -2,6 +2,7 @@
 
 use super::cascade::{self, Inputs, Rating, Recorded, Tiers};
 use crate::action::Action;
+use crate::breaker::CircuitState;
 use crate::complexity::{Complexity, TextStats};
 use crate::decision::{Decision, Outcome, TierName};
 use crate::error::ApiError;
@@ -9,7 +10,6 @@ use crate::policy::Policy;
 use crate::request::ClassifyRequest;
 use crate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
 use crate::text::LanguageCell;
-use crate::tier::breaker::CircuitState;
 use crate::tier::{ModelVerdict, TierError};
 use crate::web::ServerConfig;
 use std::collections::BTreeMap;

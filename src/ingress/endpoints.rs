@@ -3,10 +3,10 @@
 //! on the admin listener `/admin/policy` and `/admin/reload`. Handlers return `Result`; the
 //! server turns errors into responses.
 
-use super::server::{App, Role};
+use super::app::{App, Role};
+use crate::breaker::CircuitState;
 use crate::error::{json_response, ApiError};
 use crate::request::{self, ClassifyRequest};
-use crate::tier::breaker::CircuitState;
 use crate::tier::gpu::Backend;
 use crate::web::{self, headers};
 use bytes::Bytes;

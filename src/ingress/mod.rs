@@ -3,10 +3,12 @@
 //! proxied routes to [`crate::proxy`]. Errors become responses in one place ([`server`]'s
 //! `handle`).
 
+mod app;
 mod config;
 mod conn;
 mod endpoints;
 mod server;
 
+pub use app::{App, Role};
 pub use config::AdminConfig;
-pub use server::{serve, App, Role};
+pub use server::serve;

@@ -2,13 +2,11 @@
 //! framing checks, connection deadlines ([`conn`]), proxied routes or the endpoints under the whole-request timeout, graceful
 //! shutdown. [`handle`] is where every error becomes a response.
 
-use super::config::{AdminConfig, PublicViews};
+use super::app::{App, Role};
 use super::conn;
 use super::endpoints;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
 use crate::metrics::ResponseLabels;
-use crate::proxy::Proxy;
 use crate::web::{self, boxed, BoxBody, PeerAddr, ServerConfig};
 use http::{header, Request, Response};
 use hyper::body::Incoming;
@@ -25,43 +23,6 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-
-/// What the request handlers share.
-pub struct App {
-    pub gateway: Arc<Gateway>,
-    pub limits: ServerConfig,
-    pub role: Role,
-}
-
-impl App {
-    /// The public listener's app (the proxy's routes, then tiergate's own endpoints) and the
-    /// admin listener's (`[admin]`), sharing the routes' app addresses and their state.
-    pub fn pair(
-        gateway: Arc<Gateway>,
-        server: &ServerConfig,
-        admin_config: &AdminConfig,
-        proxy: Option<Proxy>,
-    ) -> (App, App) {
-        let proxy = proxy.map(Arc::new);
-        let admin = App {
-            gateway: Arc::clone(&gateway),
-            limits: server.clone(),
-            role: Role::Admin { token: admin_config.token.clone(), proxy: proxy.clone() },
-        };
-        let views = admin_config.public_views();
-        (App { gateway, limits: server.clone(), role: Role::Public { proxy, views } }, admin)
-    }
-}
-
-/// Which routes a listener serves. Admin routes are never served on the public listener.
-pub enum Role {
-    /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`
-    /// (its status only, unless `views`), `/metrics` (when `views` says so).
-    Public { proxy: Option<Arc<Proxy>>, views: PublicViews },
-    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and without one
-    /// `POST /v1/classify` and the probes `/healthz`, `/readyz`, `/metrics`.
-    Admin { token: Option<String>, proxy: Option<Arc<Proxy>> },
-}
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests finish for up to `limits.shutdown_grace_ms`. Each connection is closed when it has

@@ -2,9 +2,9 @@
 
 use super::signals::{Below, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
 use super::Outcome;
+use crate::breaker::CircuitState;
 use crate::policy::{GpuLimits, Policy, UnknownSignal};
 use crate::tenant::fair_share_slots;
-use crate::tier::breaker::CircuitState;
 use std::fmt;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! What routing knows about load: one snapshot per request, as plain data, so every routing
 //! function is pure and is tested with hand-built values.
 
-use crate::tier::breaker::CircuitState;
+use crate::breaker::CircuitState;
 pub use crate::tier::gpu::upstream::KvCache;
 use serde::Serialize;
 

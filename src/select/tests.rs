@@ -1,10 +1,10 @@
 //! Every branch of tier selection, with hand-built signals (no threads, no clocks).
 
 use super::*;
+use crate::breaker::CircuitState;
 use crate::complexity::Complexity;
 use crate::policy::Policy;
 use crate::text::Language;
-use crate::tier::breaker::CircuitState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

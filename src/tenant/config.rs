@@ -19,11 +19,31 @@
 //! gpu_share = 0.1
 //! ```
 
-use super::identity::valid_name;
 use super::quota::Quota;
 use super::shared::RedisConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+
+/// The metrics label, and the rate key's tenant part, of every tenant that is not known.
+pub const OTHER: &str = "other";
+/// The header an API key may come in (besides `authorization: Bearer`).
+pub const API_KEY_HEADER: &str = "x-api-key";
+/// The header a request may claim its tenant in (`web::headers::TENANT` is this one).
+pub const CLAIM_HEADER: &str = "x-tiergate-tenant";
+/// Longest tenant (and class) name, bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+
+/// Checks a tenant or class name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits, `.`,
+/// `_`, `-`. The error says which rule it broke (the caller names the field).
+pub fn valid_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(format!("must be 1 to {MAX_NAME_BYTES} bytes, got {}", name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("may hold only ASCII letters, digits, `.`, `_`, `-`; got {c:?}"));
+    }
+    Ok(())
+}
 
 /// The class unknown tenants get when `default_class` is not set.
 pub const DEFAULT_CLASS: &str = "default";
@@ -138,7 +158,7 @@ impl TenantsConfig {
         }
         for (tenant, class) in &self.known {
             valid_name(tenant).map_err(|e| format!("`tenants.known.{tenant}`: tenant name {e}"))?;
-            if tenant == super::identity::OTHER {
+            if tenant == OTHER {
                 return Err("`tenants.known.other`: `other` is the metrics label of unknown tenants".into());
             }
             if !self.classes.contains_key(class) && class != &self.default_class {
@@ -162,7 +182,7 @@ impl TenantsConfig {
         if let Some(h) = &self.trusted_header {
             let name = http::HeaderName::from_bytes(h.as_bytes())
                 .map_err(|_| format!("`tenants.trusted_header`: `{h}` is not a valid header name"))?;
-            if name == http::header::AUTHORIZATION || name.as_str() == super::identity::API_KEY_HEADER {
+            if name == http::header::AUTHORIZATION || name.as_str() == API_KEY_HEADER {
                 return Err(format!("`tenants.trusted_header`: `{h}` carries API keys; name another header"));
             }
         }

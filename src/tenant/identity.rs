@@ -7,7 +7,7 @@
 //! claim (body `tenant`, `x-tiergate-tenant`, a route's `screen.tenant` source) only under
 //! `accept_claimed = true`; else unknown.
 
-use super::config::{ClassConfig, TenantsConfig};
+use super::config::{valid_name, ClassConfig, TenantsConfig, API_KEY_HEADER, CLAIM_HEADER, OTHER};
 use super::quota::Quota;
 use super::share::GpuSlots;
 use crate::error::ApiError;
@@ -16,27 +16,6 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Longest tenant (and class) name, bytes.
-pub const MAX_NAME_BYTES: usize = 64;
-/// The metrics label, and the rate key's tenant part, of every tenant that is not known.
-pub const OTHER: &str = "other";
-/// The header an API key may come in (besides `authorization: Bearer`).
-pub const API_KEY_HEADER: &str = "x-api-key";
-/// The header a request may claim its tenant in (`web::headers::TENANT` is this one).
-pub const CLAIM_HEADER: &str = "x-tiergate-tenant";
-
-/// Checks a tenant or class name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits, `.`,
-/// `_`, `-`. The error says which rule it broke (the caller names the field).
-pub fn valid_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(format!("must be 1 to {MAX_NAME_BYTES} bytes, got {}", name.len()));
-    }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(format!("may hold only ASCII letters, digits, `.`, `_`, `-`; got {c:?}"));
-    }
-    Ok(())
-}
 
 /// A tenant class, compiled: its name and limits.
 #[derive(Debug, Clone, PartialEq)]

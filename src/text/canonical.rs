@@ -177,7 +177,7 @@ fn round(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -> Option<Str
     if let Some(next) = decode_entities(&text, &mut signals.html_entities) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = strip_invisible(&text, signals) {
+    if let Some(next) = strip_invisible(&text, &mut signals.invisible_chars, &mut signals.smuggled_chars) {
         text = Cow::Owned(next);
     }
     if let Some(next) = nfkc(&text, &mut signals.confusable_chars) {

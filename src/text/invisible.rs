@@ -10,19 +10,19 @@
 //! Decoded: Unicode Tag characters as the ASCII they shadow, runs of variation selectors as the
 //! bytes they encode.
 
-use super::canonical::TextSignals;
 use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 use unicode_script::{Script, UnicodeScript};
 
 /// Removes the invisible characters and decodes the text hidden in them; adds those that count
-/// as hidden to `signals.invisible_chars` and those that carried text to `signals.smuggled_chars`.
+/// as hidden to `invisible` and those that carried text to `smuggled` (`TextSignals`'
+/// `invisible_chars` and `smuggled_chars`).
 ///
 /// Hidden text is decoded where it stood, because that is what a language model behind the proxy
 /// reads: Unicode Tag characters U+E0020-E007E as the ASCII characters they shadow ("ASCII
 /// smuggling"), and a run of two or more variation selectors as the bytes they encode
 /// (U+FE00-FE0F = 0-15, U+E0100-E01EF = 16-255, the scheme of Paul Butler's "emoji smuggling"),
 /// when those bytes are UTF-8, set apart by spaces.
-pub(super) fn strip_invisible(s: &str, signals: &mut TextSignals) -> Option<String> {
+pub(super) fn strip_invisible(s: &str, invisible: &mut usize, smuggled: &mut usize) -> Option<String> {
     let first = s.char_indices().find(|&(_, c)| is_invisible(c))?.0;
     let mut out = String::with_capacity(s.len());
     out.push_str(&s[..first]);
@@ -38,12 +38,12 @@ pub(super) fn strip_invisible(s: &str, signals: &mut TextSignals) -> Option<Stri
             if prev == Some(BLACK_FLAG) && is_flag_tag_sequence(&run) {
                 continue;
             }
-            signals.invisible_chars += run.len();
+            *invisible += run.len();
             for t in run {
                 // U+E0001 LANGUAGE TAG and U+E007F CANCEL TAG shadow nothing printable.
                 if let Some(ascii) = char::from_u32(t as u32 - 0xE0000).filter(|a| (' '..='~').contains(a)) {
                     out.push(ascii);
-                    signals.smuggled_chars += 1;
+                    *smuggled += 1;
                 }
             }
         } else if let Some(byte) = selector_byte(c) {
@@ -55,9 +55,9 @@ pub(super) fn strip_invisible(s: &str, signals: &mut TextSignals) -> Option<Stri
             if bytes.len() == 1 && prev.is_some_and(takes_a_selector) {
                 continue;
             }
-            signals.invisible_chars += bytes.len();
+            *invisible += bytes.len();
             if bytes.len() > 1 {
-                signals.smuggled_chars += bytes.len();
+                *smuggled += bytes.len();
                 if let Ok(hidden) = String::from_utf8(bytes) {
                     out.push(' ');
                     out.push_str(&hidden);
@@ -65,7 +65,7 @@ pub(super) fn strip_invisible(s: &str, signals: &mut TextSignals) -> Option<Stri
                 }
             }
         } else if !(is_script_joiner(c) && prev.is_some_and(uses_joiners) && rest.peek().is_none_or(|&n| joins(c, n))) {
-            signals.invisible_chars += 1;
+            *invisible += 1;
         }
     }
     Some(out)

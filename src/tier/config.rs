@@ -1,7 +1,7 @@
 //! `[model]` (the cpu tier) and `[gpu]` (the gpu tier) in the config file.
 
-use super::breaker::BreakerConfig;
 use super::gpu::upstream::UpstreamConfig;
+use crate::breaker::BreakerConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 

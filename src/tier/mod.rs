@@ -4,7 +4,6 @@
 //! ([`gpu::GpuTier`]) wraps an in-process ONNX pool or a pool of upstream model servers with a
 //! timeout, an admission limit and a circuit breaker.
 
-pub mod breaker;
 pub mod config;
 mod error;
 pub mod gpu;

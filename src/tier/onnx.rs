@@ -453,7 +453,7 @@ pub(crate) mod tests {
                 p95_us: None,
                 queue_wait_us: None,
                 ewma_us: None,
-                circuit: crate::tier::breaker::CircuitState::Closed,
+                circuit: crate::breaker::CircuitState::Closed,
                 kv_cache: crate::select::KvCache::NotExposed,
                 was_below: Default::default(),
                 endpoints_available: None,

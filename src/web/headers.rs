@@ -33,7 +33,7 @@ pub fn drop_unusable_request_id<B>(mut req: http::Request<B>) -> http::Request<B
 pub const DEADLINE: &str = "x-tiergate-deadline-ms";
 /// The tenant the request claims, when the body does not name one; counted only under
 /// `[tenants] accept_claimed = true` (see `crate::tenant::identity`).
-pub const TENANT: &str = crate::tenant::identity::CLAIM_HEADER;
+pub const TENANT: &str = crate::tenant::config::CLAIM_HEADER;
 /// The policy scenario (`[scenarios.NAME]`) of a `/v1/classify` request, when the body names none.
 pub const SCENARIO: &str = "x-tiergate-scenario";
 /// The prefix of every header tiergate sets on a screened request.

@@ -2,7 +2,7 @@
 //! one shared key of unknown tenants, name validation, and which names are authenticated.
 
 use super::*;
-use crate::tenant::config::TenantsConfig;
+use crate::tenant::config::{TenantsConfig, MAX_NAME_BYTES};
 
 /// sha256("pay-key"), as `printf %s pay-key | sha256sum` prints it.
 fn hash(key: &str) -> String {

@@ -7,7 +7,7 @@
 //! this replica's share of the rate and carries what it admitted back to Redis when it answers
 //! (one budget, not two cells that refill while the other is in use: see its module doc); a
 //! daily budget by this replica's local store at the budget divided by the replica count. A
-//! circuit breaker (`crate::tier::breaker`, the one the tiers use) keeps a dead Redis from
+//! circuit breaker (`crate::breaker`, the one the tiers use) keeps a dead Redis from
 //! costing every request a failed round trip: after `failure_threshold` consecutive failures
 //! checks stay off Redis for `open_ms`, then one check probes it. Connecting happens in the
 //! background; a request never waits for a connect.
@@ -21,7 +21,7 @@ pub use metrics::SharedQuotaMetrics;
 
 use super::local::LocalQuotas;
 use super::quota::{Denied, Quota, QuotaStore};
-use crate::tier::breaker::{BreakerConfig, CircuitBreaker, CircuitState};
+use crate::breaker::{BreakerConfig, CircuitBreaker, CircuitState};
 use futures_util::future::BoxFuture;
 use metrics::{FallbackLabels, StoreErrorLabels};
 use mirror::RateMirror;

@@ -8,11 +8,11 @@
 
 pub mod upstream;
 
-use super::breaker::{CircuitBreaker, CircuitState};
 use super::config::{GpuBackend, GpuConfig};
 use super::model::ModelInfo;
 use super::onnx::{OnnxPool, Prepared};
 use super::ModelVerdict;
+use crate::breaker::{CircuitBreaker, CircuitState};
 use crate::policy::PromptSpec;
 use crate::signals::latency::LatencyTracker;
 use crate::tier::TierError;

@@ -13,7 +13,7 @@ use crate::proxy::config::{ProxyConfig, RouteConfig};
 use crate::proxy::Proxy;
 use crate::signals::SignalsConfig;
 use crate::tenant::TenantsConfig;
-use crate::tier::{GpuBackend, GpuConfig, ModelConfig, Provider};
+use crate::tier::{GpuConfig, ModelConfig, Provider};
 use crate::web::ServerConfig;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -210,12 +210,7 @@ impl Config {
             return Err(format!("`shadow.share` must be in [0, 1], got {}", self.shadow.share));
         }
         self.ab.validate()?;
-        if self.gpu.max_concurrency == 0 {
-            return Err("`gpu.max_concurrency` must be at least 1".into());
-        }
-        if self.gpu.backend == GpuBackend::Upstream {
-            self.gpu.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}"))?;
-        }
+        crate::tier::gpu::validate(&self.gpu)?;
         self.drift.validate()?;
         self.tenants.check(self.admission.quota())?;
         for (i, route) in self.routes.iter().enumerate() {

@@ -17,8 +17,9 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::tier::onnx::{OnnxPool, Prepared};
+use tiergate::tier::onnx::OnnxPool;
 use tiergate::tier::ModelConfig;
+use tiergate::tier::Prepared;
 use tiergate::tier::TierError;
 
 fn texts() -> Vec<String> {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use tiergate::gateway::Sources;
 use tiergate::select::GpuMemory;
-use tiergate::tier::{GpuBackend, Provider};
+use tiergate::tier::Provider;
 
 const PROMPT: &str = r#"
 [prompt]
@@ -63,7 +63,7 @@ async fn upstream_server(
     gpu: &Arc<FakeGpu>,
 ) -> (std::net::SocketAddr, Arc<tiergate::Gateway>) {
     let mut c = fast_config(&policies_with_routing(name, routing));
-    c.gpu.backend = GpuBackend::Upstream;
+    c.gpu.backend = "upstream".into();
     c.gpu.upstream.endpoints = stubs.iter().map(|s| s.url()).collect();
     c.gpu.upstream.model = "risk-judge".into();
     c.gpu.upstream.health_interval_ms = 50;
@@ -78,7 +78,7 @@ const PHISH: &str = "Your account is locked. Confirm your password at http://sec
 async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     let gpu = Arc::new(FakeGpu::with_free_mb(40_000));
     let mut c = fast_config(&policies_with_routing("onnx", &routing("")));
-    c.gpu.backend = GpuBackend::Onnx;
+    c.gpu.backend = "onnx".into();
     c.gpu.onnx.dir = repo().join("models");
     c.gpu.onnx.provider = Provider::Cpu; // the same path runs on the CUDA provider where there is a GPU
     c.gpu.onnx.intra_threads = 1;

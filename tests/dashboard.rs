@@ -12,7 +12,7 @@ use promql_parser::util::{walk_expr, ExprVisitor};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use tiergate::gateway::Sources;
-use tiergate::tier::{GpuBackend, Provider};
+use tiergate::tier::Provider;
 
 /// Grafana's variables, replaced by what Grafana would put there before PromQL sees the query.
 const VARIABLES: [(&str, &str); 1] = [("$__rate_interval", "5m")];
@@ -75,7 +75,7 @@ async fn every_metric_the_dashboard_names_is_exported() {
         app.url()
     );
     let mut c = config_with_routes(&policies_with_routing("dashboard", ROUTING), &routes);
-    c.gpu.backend = GpuBackend::Onnx;
+    c.gpu.backend = "onnx".into();
     c.gpu.onnx.dir = repo().join("models");
     c.gpu.onnx.provider = Provider::Cpu;
     c.gpu.onnx.intra_threads = 1;

@@ -168,8 +168,9 @@ fn a_static_int8_model_scores_a_text_the_same_alone_and_in_a_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_text_on_two_sessions_scores_as_on_one() {
     use tiergate::tier::model::{ModelAssets, SessionOptions};
-    use tiergate::tier::onnx::{OnnxPool, Prepared};
+    use tiergate::tier::onnx::OnnxPool;
     use tiergate::tier::windows::Windows;
+    use tiergate::tier::Prepared;
     let dir = out_dir("parallel");
     let out = pack(&fixture("classifier_static_int8.onnx"), &dir, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

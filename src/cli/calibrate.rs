@@ -15,7 +15,7 @@ use tiergate::plot::{reliability_svg, ReliabilityCurve};
 use tiergate::policy::Policy;
 use tiergate::tier::gpu::upstream::UpstreamPool;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
-use tiergate::tier::{GpuBackend, ModelConfig};
+use tiergate::tier::ModelConfig;
 
 /// Which tier's temperature to fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -58,13 +58,16 @@ struct Scored {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = crate::load_config(args.config.clone())?;
     let examples = read_labelled(&args.input)?;
-    let upstream = args.tier == Tier::Gpu && config.gpu.backend == GpuBackend::Upstream;
+    let upstream = args.tier == Tier::Gpu && config.gpu.backend == "upstream";
     let scored = match args.tier {
         Tier::Cpu => model_logits(&config, &config.model, args.models.as_deref(), &examples)?,
-        Tier::Gpu => match config.gpu.backend {
-            GpuBackend::Onnx => model_logits(&config, &config.gpu.onnx, args.models.as_deref(), &examples)?,
-            GpuBackend::Upstream => upstream_logits(&config, &examples)?,
-            GpuBackend::None => anyhow::bail!("--tier gpu: the config has no gpu tier (gpu.backend = \"none\")"),
+        Tier::Gpu => match config.gpu.backend.as_str() {
+            "onnx" => model_logits(&config, &config.gpu.onnx, args.models.as_deref(), &examples)?,
+            "upstream" => upstream_logits(&config, &examples)?,
+            "none" => anyhow::bail!("--tier gpu: the config has no gpu tier (gpu.backend = \"none\")"),
+            other => anyhow::bail!(
+                "--tier gpu: gpu.backend {other:?} brings its own calibration (only onnx and upstream are calibrated here)"
+            ),
         },
     };
     anyhow::ensure!(scored.labels.len() >= 2, "need at least 2 examples the tier could score");

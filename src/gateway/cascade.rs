@@ -18,9 +18,8 @@ use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, QuotaStore};
 use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
-use crate::tier::onnx::{OnnxPool, Prepared};
 use crate::tier::windows::Encoded;
-use crate::tier::{ModelVerdict, TierError};
+use crate::tier::{ModelTier, ModelVerdict, Prepared, TierError, TierInput};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,7 +34,7 @@ pub struct Recorded {
 
 /// The live tiers and where a live run records what it sees.
 pub struct LiveTiers<'a> {
-    pub cpu: &'a OnnxPool,
+    pub cpu: &'a dyn ModelTier,
     pub gpu: Option<&'a GpuTier>,
     pub metrics: &'a Metrics,
     pub recorded: &'a Mutex<Recorded>,
@@ -120,7 +119,8 @@ impl Tiers<'_> {
     async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Result<ModelVerdict, TierError> {
         match self {
             Tiers::Live(live) => {
-                let r = live.cpu.classify(Arc::clone(text), prepared, deadline).await;
+                let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
+                let r = live.cpu.classify(input, deadline).await;
                 live.observe_batch(TierName::Cpu, &r);
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
                 r

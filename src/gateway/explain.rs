@@ -4,7 +4,7 @@
 
 use super::Gateway;
 use crate::decision::Attribution;
-use crate::tier::onnx::Prepared;
+use crate::tier::Prepared;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

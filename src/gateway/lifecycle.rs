@@ -11,7 +11,6 @@ use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::Tenants;
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
-use crate::tier::GpuBackend;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -31,17 +30,18 @@ impl Gateway {
                 route_policies.insert(dir.clone(), loaded);
             }
         }
-        if config.gpu.backend == GpuBackend::Upstream {
+        let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
+        let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
+        let gpu = GpuTier::start(env, config.gpu)?;
+        if let Some(g) = gpu.as_ref().filter(|g| g.needs_prompt()) {
             if let Some(p) = std::iter::once(&policy).chain(route_policies.values()).find(|p| p.prompt.is_none()) {
                 anyhow::bail!(
-                    "gpu.backend = \"upstream\" needs a [prompt] section in the policy ({})",
+                    "gpu.backend = {:?} needs a [prompt] section in the policy ({})",
+                    g.name(),
                     p.dir.display()
                 );
             }
         }
-        let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
-        let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
-        let gpu = GpuTier::start(env, config.gpu)?;
         let shared_quotas = config.tenants.redis.clone();
         let tenants = Arc::new(Tenants::new(config.tenants, config.admission.quota()));
         let signals = SignalsHub::new(config.signals);
@@ -65,7 +65,7 @@ impl Gateway {
             .transpose()?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
-        tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = ?config.gpu.backend, "gateway ready");
+        tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
             gpu,
@@ -79,7 +79,6 @@ impl Gateway {
             tenants,
             quotas,
             tenant_metrics,
-            gpu_backend: config.gpu.backend,
             watchers: Mutex::new(Vec::new()),
             shadow: Shadow::start(config.shadow, config.limits, shadow_log)?,
             shadow_model,

@@ -39,10 +39,10 @@ use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
 use crate::tenant::{Identity, QuotaStore, Tenants};
 use crate::text::{self, LanguageCell};
-use crate::tier::gpu::{Backend, GpuTier};
+use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;
-use crate::tier::GpuBackend;
+use crate::tier::TierLoad;
 use cascade::{Inputs, LiveTiers, Rating, Recorded, Tiers};
 use shadow::Shadow;
 use std::collections::BTreeMap;
@@ -78,7 +78,6 @@ pub struct Gateway {
     /// or a store shared by replicas.
     pub quotas: Arc<dyn QuotaStore>,
     pub tenant_metrics: TenantMetrics,
-    gpu_backend: GpuBackend,
     /// Keeps the policy directory watches (live, route, shadow, A/B candidate) alive.
     watchers: Mutex<Vec<crate::policy::watch::Watch>>,
     pub shadow: Option<Shadow>,
@@ -137,10 +136,7 @@ impl Gateway {
                 endpoints_available: None,
             },
             Some(g) => {
-                let (kv_cache, endpoints_available, queue_wait_us) = match g.backend() {
-                    Backend::Upstream(pool) => (pool.kv_cache(), Some(pool.available()), None),
-                    Backend::Onnx(pool) => (KvCache::NotExposed, None, pool.queue_wait_us()),
-                };
+                let TierLoad { kv_cache, endpoints_available, queue_wait_us } = g.load();
                 GpuSignals {
                     unavailable: None,
                     memory,
@@ -374,9 +370,9 @@ impl Gateway {
         }
     }
 
-    /// The configured gpu backend (for `/readyz`).
-    pub fn gpu_backend(&self) -> GpuBackend {
-        self.gpu_backend
+    /// The gpu backend's registered name, `none` without a gpu tier (for `/readyz`).
+    pub fn gpu_backend(&self) -> &str {
+        self.gpu.as_ref().map_or(crate::tier::config::NO_GPU, |g| g.name())
     }
 }
 

@@ -13,7 +13,8 @@
 use super::cascade::Recorded;
 use crate::decision::{Decision, Outcome, TierName};
 use crate::metrics::KindLabels;
-use crate::tier::onnx::{OnnxPool, Prepared};
+use crate::tier::onnx::OnnxPool;
+use crate::tier::Prepared;
 use crate::tier::{ModelConfig, ModelVerdict, TierError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -7,7 +7,6 @@ use super::app::{App, Role};
 use crate::breaker::CircuitState;
 use crate::error::{json_response, ApiError};
 use crate::request::{self, ClassifyRequest};
-use crate::tier::gpu::Backend;
 use crate::web::{self, headers};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -155,16 +154,14 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
     let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
         (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),
         (Some(tier), _) => {
-            let mut v = json!({
-                "status": if tier.circuit(now) == CircuitState::Open { "circuit_open" } else { "ready" },
-                "backend": g.gpu_backend(),
-                "circuit": tier.circuit(now),
-                "in_flight": tier.in_flight(),
-            });
-            match tier.backend() {
-                Backend::Onnx(pool) => v["model"] = json!(pool.info()),
-                Backend::Upstream(pool) => v["endpoints"] = json!(pool.endpoints()),
+            let mut v = tier.status();
+            if !v.is_object() {
+                v = json!({ "details": v });
             }
+            v["status"] = json!(if tier.circuit(now) == CircuitState::Open { "circuit_open" } else { "ready" });
+            v["backend"] = json!(tier.name());
+            v["circuit"] = json!(tier.circuit(now));
+            v["in_flight"] = json!(tier.in_flight());
             v
         }
     };

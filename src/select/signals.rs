@@ -2,7 +2,7 @@
 //! function is pure and is tested with hand-built values.
 
 use crate::breaker::CircuitState;
-pub use crate::tier::gpu::upstream::KvCache;
+pub use crate::tier::backend::KvCache;
 use serde::Serialize;
 
 /// What routing knows about load, as plain data.

@@ -1,8 +1,10 @@
 //! `[model]` (the cpu tier) and `[gpu]` (the gpu tier) in the config file.
 
-use super::gpu::upstream::UpstreamConfig;
+use super::gpu::upstream::config::UpstreamConfig;
 use crate::breaker::BreakerConfig;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -65,11 +67,14 @@ impl Default for ModelConfig {
     }
 }
 
+/// `[gpu]`. Unknown keys are refused at validation (`gpu::validate`): every key
+/// that is not a field here must be a registered backend's section.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct GpuConfig {
-    /// The gpu tier's backend: `none`, `onnx` (in-process) or `upstream` (model servers).
-    pub backend: GpuBackend,
+    /// The gpu tier's backend by its registered name: `none`, `onnx` (in-process), `upstream`
+    /// (model servers), or one added with `gpu::register`.
+    pub backend: String,
     /// Per-request timeout on the gpu tier, ms (the request's deadline may cut it shorter).
     pub timeout_ms: u64,
     /// Most requests on the gpu tier at once; more are refused (`shed`) and route down.
@@ -79,26 +84,39 @@ pub struct GpuConfig {
     pub onnx: ModelConfig,
     /// `backend = "upstream"`: OpenAI-compatible model servers.
     pub upstream: UpstreamConfig,
+    /// Other backends' sections (`[gpu.<name>]`), read by their own code with [`GpuConfig::section`].
+    #[serde(flatten)]
+    pub sections: BTreeMap<String, toml::Value>,
 }
+
+/// The gpu tier is off.
+pub const NO_GPU: &str = "none";
 
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
-            backend: GpuBackend::None,
+            backend: NO_GPU.into(),
             timeout_ms: 2000,
             max_concurrency: 32,
             circuit: BreakerConfig::default(),
             onnx: ModelConfig { provider: Provider::Cuda, sessions: 1, max_batch: 32, ..ModelConfig::default() },
             upstream: UpstreamConfig::default(),
+            sections: BTreeMap::new(),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GpuBackend {
-    #[default]
-    None,
-    Onnx,
-    Upstream,
+impl GpuConfig {
+    /// Whether a gpu tier is configured (`backend` is not `none`).
+    pub fn enabled(&self) -> bool {
+        self.backend != NO_GPU
+    }
+
+    /// A registered backend's own section, `[gpu.<name>]` (empty when absent), as `T`.
+    ///
+    /// Errors: the section does not deserialize as `T`; the message names `gpu.<name>`.
+    pub fn section<T: DeserializeOwned>(&self, name: &str) -> Result<T, String> {
+        let value = self.sections.get(name).cloned().unwrap_or_else(|| toml::Value::Table(Default::default()));
+        value.try_into().map_err(|e| format!("[gpu.{name}]: {e}"))
+    }
 }

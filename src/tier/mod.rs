@@ -1,9 +1,11 @@
 //! Model tiers. The cpu tier runs the INT8 classifier in-process on a pool of blocking workers
 //! ([`onnx::OnnxPool`]); [`model::Classifier`] is the model itself (tokenizer, ONNX Runtime
 //! session, calibration, out-of-distribution scorer), usable without the pool. The gpu tier
-//! ([`gpu::GpuTier`]) wraps an in-process ONNX pool or a pool of upstream model servers with a
-//! timeout, an admission limit and a circuit breaker.
+//! ([`gpu::GpuTier`]) wraps a registered backend — an in-process ONNX pool, a pool of upstream
+//! model servers, or one added later — with a timeout, an admission limit and a circuit breaker.
+//! Every backend implements [`backend::ModelTier`].
 
+pub mod backend;
 pub mod config;
 mod error;
 pub mod gpu;
@@ -15,7 +17,8 @@ mod parallel;
 pub mod service;
 pub mod windows;
 
-pub use config::{GpuBackend, GpuConfig, ModelConfig, Provider};
+pub use backend::{ModelTier, Prepared, TierInput, TierLoad};
+pub use config::{GpuConfig, ModelConfig, Provider};
 pub use error::TierError;
 
 /// A calibrated verdict from a model tier (cpu, or either gpu backend).

@@ -15,31 +15,21 @@
 //! would finish after its caller gave up ([`doomed`]): that job is answered at once with
 //! `TierError::Doomed` and the cascade moves on.
 
+use super::backend::{ModelTier, Prepared, TierInput, TierLoad};
 use super::model::{ModelAssets, ModelInfo, SessionOptions};
 use super::parallel::{self, Part, Parts};
 use super::service::{doomed, queue_wait_us, ServiceTime};
 use super::windows::{Encoded, TokenCounter, Tokens};
 use super::ModelConfig;
 use super::ModelVerdict;
-use crate::text::LanguageCell;
 use crate::tier::TierError;
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
+use futures_util::future::BoxFuture;
 use ort::environment::Environment;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
-
-/// What the request path prepared of a text for the model, carried with the job so that
-/// nothing is done twice and the text analysis the verdict needs runs on the worker, off the
-/// async runtime.
-#[derive(Debug, Default)]
-pub struct Prepared {
-    /// The model's input when the complexity rater already made it (tokenised once).
-    pub encoded: Option<Encoded>,
-    /// The text's language, detected by the worker beside tokenisation unless it already was.
-    pub lang: Option<LanguageCell>,
-}
 
 struct Job {
     text: Arc<str>,
@@ -379,6 +369,29 @@ fn worker(
                 }
             }
         }
+    }
+}
+
+impl ModelTier for OnnxPool {
+    fn classify<'a>(
+        &'a self,
+        input: TierInput<'a>,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Result<ModelVerdict, TierError>> {
+        let TierInput::Text { text, prepared, .. } = input;
+        Box::pin(OnnxPool::classify(self, text, prepared, deadline))
+    }
+
+    fn model(&self) -> Option<&ModelInfo> {
+        Some(self.info())
+    }
+
+    fn load(&self) -> TierLoad {
+        TierLoad { queue_wait_us: self.queue_wait_us(), ..TierLoad::default() }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({ "model": self.info() })
     }
 }
 

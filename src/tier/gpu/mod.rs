@@ -1,35 +1,109 @@
 //! The gpu tier: a local large-model path behind the same verdict type as the cpu tier.
 //!
-//! Two backends, chosen in config: `onnx` (a larger or full-precision classifier run in-process
-//! by ONNX Runtime, CUDA execution provider, or CPU where there is no GPU) and `upstream` (a
-//! pool of local OpenAI-compatible model servers). Both sit behind the same guards: an
-//! admission limit (`max_concurrency`; over it the request routes down), a per-request
-//! timeout, a circuit breaker, and latency tracking for the deadline check.
+//! The backend is chosen in config by its registered name (see [`crate::tier::backend`]): `onnx`
+//! (a larger or full-precision classifier run in-process by ONNX Runtime, CUDA execution
+//! provider, or CPU where there is no GPU), `upstream` (a pool of local OpenAI-compatible model
+//! servers), or one added later. All sit behind the same guards: an admission limit
+//! (`max_concurrency`; over it the request routes down), a per-request timeout, a circuit
+//! breaker, and latency tracking for the deadline check.
 
 pub mod upstream;
 
-use super::config::{GpuBackend, GpuConfig};
+use super::backend::Prepared;
+use super::backend::{ModelTier, TierInput, TierLoad};
+use super::config::{GpuConfig, NO_GPU};
 use super::model::ModelInfo;
-use super::onnx::{OnnxPool, Prepared};
+use super::onnx::OnnxPool;
 use super::ModelVerdict;
 use crate::breaker::{CircuitBreaker, CircuitState};
 use crate::policy::PromptSpec;
 use crate::signals::latency::LatencyTracker;
 use crate::tier::TierError;
 use ort::environment::Environment;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
 use upstream::UpstreamPool;
 
-pub enum Backend {
-    Onnx(OnnxPool),
-    Upstream(Arc<UpstreamPool>),
+/// What the registry knows of a backend.
+#[derive(Clone, Copy)]
+pub struct BackendSpec {
+    /// Its `gpu.backend` name, which is also its config section's (`[gpu.<name>]`).
+    pub name: &'static str,
+    /// Checks its config section at config load; the message names the field.
+    pub validate: fn(&GpuConfig) -> Result<(), String>,
+    /// Starts it. Called inside a tokio runtime.
+    pub start: fn(&Environment, &GpuConfig) -> anyhow::Result<Arc<dyn ModelTier>>,
+}
+
+/// The built-in backends.
+pub fn builtin() -> [BackendSpec; 2] {
+    [
+        BackendSpec {
+            name: "onnx",
+            validate: |_| Ok(()),
+            start: |env, c| Ok(Arc::new(OnnxPool::start(env, &c.onnx, "tiergate-gpu")?)),
+        },
+        BackendSpec {
+            name: "upstream",
+            validate: |c| c.upstream.validate().map_err(|e| format!("[gpu.upstream]: {e}")),
+            start: |_, c| Ok(UpstreamPool::start(&c.upstream)?),
+        },
+    ]
+}
+
+static REGISTRY: LazyLock<RwLock<BTreeMap<&'static str, BackendSpec>>> =
+    LazyLock::new(|| RwLock::new(builtin().into_iter().map(|s| (s.name, s)).collect()));
+
+/// Adds a backend, for `gpu.backend = "<name>"`. Call before the config is loaded.
+///
+/// Errors: the name is `none` or already registered.
+pub fn register(spec: BackendSpec) -> Result<(), String> {
+    let mut registry = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    if spec.name == "none" || registry.contains_key(spec.name) {
+        return Err(format!("a gpu backend named {:?} exists already", spec.name));
+    }
+    registry.insert(spec.name, spec);
+    Ok(())
+}
+
+/// The backend registered as `name`.
+pub fn spec(name: &str) -> Option<BackendSpec> {
+    REGISTRY.read().unwrap_or_else(|e| e.into_inner()).get(name).copied()
+}
+
+/// Every registered backend's name, sorted.
+pub fn names() -> Vec<&'static str> {
+    REGISTRY.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+}
+
+/// `[gpu]` at config load: the backend is `none` or registered, every key that is not a
+/// `GpuConfig` field is a registered backend's section, and the chosen backend's own check
+/// passes. Errors name the key.
+pub fn validate(config: &GpuConfig) -> Result<(), String> {
+    if config.max_concurrency == 0 {
+        return Err("`gpu.max_concurrency` must be at least 1".into());
+    }
+    if let Some(key) = config.sections.keys().find(|k| spec(k).is_none()) {
+        return Err(format!("unknown key `gpu.{key}` (backend sections: {})", names().join(", ")));
+    }
+    if !config.enabled() {
+        return Ok(());
+    }
+    match spec(&config.backend) {
+        None => {
+            Err(format!("`gpu.backend` is {:?}; registered backends: {NO_GPU}, {}", config.backend, names().join(", ")))
+        }
+        Some(spec) => (spec.validate)(config),
+    }
 }
 
 pub struct GpuTier {
-    backend: Backend,
+    /// The registered name it was started as (`gpu.backend`).
+    name: String,
+    backend: Arc<dyn ModelTier>,
     breaker: CircuitBreaker,
     in_flight: AtomicUsize,
     max_concurrency: usize,
@@ -38,16 +112,19 @@ pub struct GpuTier {
 }
 
 impl GpuTier {
-    /// Starts the configured backend; `None` for `backend = "none"`. The upstream backend needs
-    /// a tokio runtime (it spawns health checks).
+    /// Starts the configured backend; `None` for `backend = "none"`. Call inside a tokio
+    /// runtime (the upstream backend spawns health checks).
+    ///
+    /// Errors: the backend is not registered, or fails to start.
     pub fn start(env: &Environment, config: &GpuConfig) -> anyhow::Result<Option<GpuTier>> {
-        let backend = match config.backend {
-            GpuBackend::None => return Ok(None),
-            GpuBackend::Onnx => Backend::Onnx(OnnxPool::start(env, &config.onnx, "tiergate-gpu")?),
-            GpuBackend::Upstream => Backend::Upstream(UpstreamPool::start(&config.upstream)?),
-        };
+        if !config.enabled() {
+            return Ok(None);
+        }
+        let spec = spec(&config.backend)
+            .ok_or_else(|| anyhow::anyhow!("gpu.backend {:?} is not a registered backend", config.backend))?;
         Ok(Some(GpuTier {
-            backend,
+            name: config.backend.clone(),
+            backend: (spec.start)(env, config)?,
             breaker: CircuitBreaker::new(config.circuit.clone()),
             in_flight: AtomicUsize::new(0),
             max_concurrency: config.max_concurrency,
@@ -56,16 +133,29 @@ impl GpuTier {
         }))
     }
 
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    /// The backend's registered name (`gpu.backend`).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// The in-process model, for the onnx backend.
+    /// The in-process model, for backends with one.
     pub fn model_info(&self) -> Option<&ModelInfo> {
-        match &self.backend {
-            Backend::Onnx(pool) => Some(pool.info()),
-            Backend::Upstream(_) => None,
-        }
+        self.backend.model()
+    }
+
+    /// The backend's own load readings for routing.
+    pub fn load(&self) -> TierLoad {
+        self.backend.load()
+    }
+
+    /// The backend's details for `/readyz`.
+    pub fn status(&self) -> serde_json::Value {
+        self.backend.status()
+    }
+
+    /// Whether the backend needs the policy's `[prompt]`.
+    pub fn needs_prompt(&self) -> bool {
+        self.backend.needs_prompt()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -99,16 +189,8 @@ impl GpuTier {
         let own_timeout = started + self.timeout;
         let caller_binds = deadline < own_timeout;
         let deadline = deadline.min(own_timeout);
-        let result = match &self.backend {
-            Backend::Onnx(pool) => pool.classify(text, Prepared::default(), deadline).await,
-            Backend::Upstream(pool) => match prompt {
-                Some(p) => match tokio::time::timeout_at(deadline, pool.classify(p, &text, deadline)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(TierError::DeadlineExceeded { waited_us: started.elapsed().as_micros() as u64 }),
-                },
-                None => Err(TierError::Unavailable("the policy has no [prompt] for the upstream backend".into())),
-            },
-        };
+        let input = TierInput::Text { text, prepared: Prepared::default(), prompt };
+        let result = self.backend.classify(input, deadline).await;
         // Only the backend's own faults count against it: a full queue, a job not started for
         // lack of time, or the *caller's* deadline running out before the tier's own timeout
         // say nothing about its health (a caller choosing 5 ms must not open the circuit).

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::{header, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -43,6 +44,7 @@ use tokio::time::Instant;
 
 use crate::balance::{Balancer, BalancerConfig, MemberStatus, Readmit};
 use crate::error::error_chain;
+use crate::tier::backend::{KvCache, ModelTier, TierInput, TierLoad};
 use crate::tier::ModelVerdict;
 use crate::tier::TierError;
 
@@ -54,7 +56,7 @@ pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 const CHAT_PATH: &str = "/v1/chat/completions";
 
 mod completion;
-mod config;
+pub mod config;
 mod metrics;
 
 use crate::policy::PromptSpec;
@@ -86,19 +88,6 @@ impl std::ops::Deref for EndpointStatus {
     fn deref(&self) -> &MemberStatus {
         &self.balance
     }
-}
-
-/// Upstream KV-cache headroom as routing sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvCache {
-    /// Nothing to read: not the upstream backend, no `metrics_path`, or servers that publish no
-    /// KV-cache gauge. No limit applies.
-    NotExposed,
-    /// The servers' scrapes fail or are stale: counts as `unknown_signals` says.
-    Unknown,
-    /// Best `1 - usage` over the available endpoints, [0, 1].
-    Headroom(f64),
 }
 
 /// Request, health and metrics URIs of one endpoint.
@@ -460,6 +449,38 @@ impl UpstreamPool {
     /// Endpoints currently eligible (healthy and not ejected).
     pub fn available(&self) -> usize {
         self.shared.balancer.available()
+    }
+}
+
+impl ModelTier for UpstreamPool {
+    fn classify<'a>(
+        &'a self,
+        input: TierInput<'a>,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<ModelVerdict, TierError>> {
+        Box::pin(async move {
+            let TierInput::Text { text, prompt, .. } = input;
+            let Some(prompt) = prompt else {
+                return Err(TierError::Unavailable("the policy has no [prompt] for the upstream backend".into()));
+            };
+            let started = Instant::now();
+            match tokio::time::timeout_at(deadline, UpstreamPool::classify(self, prompt, &text, deadline)).await {
+                Ok(r) => r,
+                Err(_) => Err(TierError::DeadlineExceeded { waited_us: started.elapsed().as_micros() as u64 }),
+            }
+        })
+    }
+
+    fn load(&self) -> TierLoad {
+        TierLoad { kv_cache: self.kv_cache(), endpoints_available: Some(self.available()), queue_wait_us: None }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({ "endpoints": self.endpoints() })
+    }
+
+    fn needs_prompt(&self) -> bool {
+        true
     }
 }
 

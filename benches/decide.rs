@@ -1,0 +1,69 @@
+//! One decision through the gateway in process, without HTTP: admission, rating, the cascade
+//! with the real cpu tier (the bundled model, config defaults, bundled policies), rules, guards,
+//! drift and metrics — what an architecture change must leave as fast as it was. A short message
+//! (one window) and a long one (several windows). A fixed CPU reading keeps routing on the cpu
+//! tier; no gpu tier.
+//!
+//! Run: `cargo bench --bench decide`. Before/after a change: build this bench at both commits
+//! and run the two binaries alternately on an idle machine (docs/BENCHMARKS.md, "Architecture").
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tiergate::config::Config;
+use tiergate::gateway::{Gateway, Sources};
+use tiergate::request::ClassifyRequest;
+use tiergate::signals::cpu::CpuSource;
+
+const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
+
+/// A paragraph of ordinary mail, repeated to about 3 KB (several of the model's windows).
+const PARAGRAPH: &str = "Hi team, a quick recap of Thursday's planning session: the dashboard release moves to \
+    the 14th so QA has a full week with the new filters, Priya owns the changelog, and the offsite venue is \
+    confirmed for the Lakeside Room with lunch covered and parking validated at reception. ";
+
+/// A CPU reading that never changes, so load never moves a request off the cpu tier.
+struct Idle;
+
+impl CpuSource for Idle {
+    fn sample(&self) -> Option<f64> {
+        Some(0.1)
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut config = Config::default();
+    config.model.dir = repo.join("models");
+    config.policies.dir = repo.join("policies");
+    config.policies.watch = false;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let gateway: Arc<Gateway> = rt.block_on(async {
+        Gateway::start(&config.gateway(), Sources { cpu: Arc::new(Idle), ..Default::default() }).unwrap()
+    });
+    let long = PARAGRAPH.repeat(3000 / PARAGRAPH.len() + 1);
+    let mut group = c.benchmark_group("decide");
+    group.measurement_time(Duration::from_secs(10));
+    for (name, text) in [("short", SHORT), ("long_3kb", long.as_str())] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let req = ClassifyRequest::new(
+                    text.to_string(),
+                    Default::default(),
+                    None,
+                    Duration::from_secs(5),
+                    &config.server,
+                )
+                .unwrap();
+                let d = rt.block_on(gateway.classify(req, "bench".into())).unwrap();
+                black_box(d)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

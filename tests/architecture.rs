@@ -338,3 +338,49 @@ fn modules_use_only_modules_declared_below_them() {
         against.into_iter().collect::<Vec<_>>().join("\n")
     );
 }
+
+/// `text` up to its unit-test module (`#[cfg(test)]` then `mod`), without comment lines.
+fn non_test_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = (0..lines.len())
+        .find(|&i| lines[i].trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|l| l.contains("mod ")))
+        .unwrap_or(lines.len());
+    lines[..end].iter().map(|l| l.trim()).filter(|l| !l.starts_with("//")).collect()
+}
+
+/// One record builder and one record site per front door: an audit `Draft` is only built in
+/// `audit/record.rs` (`Draft::new`, from an `Event`); the classify endpoint and the proxy's
+/// `decide` (routes and `TierGateLayer` alike) each record once through `Gateway::record`; a
+/// shadow disagreement through `Gateway::record_detached`; a stream cut (a later event of a
+/// proxied response, after the gateway has answered) through `Draft::new` in the stream guard.
+#[test]
+fn one_record_builder_and_one_record_site_per_front_door() {
+    let mut found: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (_, rel, text) in sources() {
+        for line in non_test_lines(&text) {
+            let kinds = [
+                (
+                    "Draft literal",
+                    line.contains("Draft {")
+                        && !["struct Draft", "impl Draft", "-> Draft"].iter().any(|d| line.contains(d)),
+                ),
+                ("Draft::new", line.contains("Draft::new(")),
+                ("record", line.contains(".record(Event::") || line.contains(".record(event")),
+                ("record_detached", line.contains("record_detached(Event::")),
+            ];
+            for (kind, hit) in kinds {
+                if hit {
+                    found.entry(kind).or_default().push(rel.clone());
+                }
+            }
+        }
+    }
+    let literals: BTreeSet<&String> = found.get("Draft literal").into_iter().flatten().collect();
+    assert_eq!(literals.into_iter().collect::<Vec<_>>(), ["src/audit/record.rs"], "drafts built outside Draft::new");
+    let expect = |kind: &str, files: &[&str]| {
+        assert_eq!(found.get(kind).cloned().unwrap_or_default(), files, "{kind} call sites");
+    };
+    expect("Draft::new", &["src/gateway/audit.rs", "src/proxy/guard/mod.rs"]);
+    expect("record", &["src/ingress/endpoints.rs", "src/proxy/mod.rs"]);
+    expect("record_detached", &["src/gateway/shadow.rs"]);
+}

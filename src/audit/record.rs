@@ -4,6 +4,7 @@
 //! the JSON are made on the writer thread, off the request path.
 
 use super::text::{AuditText, TextPolicy};
+use crate::action::Action;
 use crate::decision::{Decision, Label, Step};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -127,27 +128,92 @@ fn record_id(unix_ms: u64) -> String {
     uuid::Builder::from_unix_timestamp_millis(unix_ms, bytes).into_uuid().to_string()
 }
 
+/// What a record is of: each way a request ends up in the trail, built into a [`Draft`] in
+/// one place ([`Draft::new`]).
+pub enum Event<'a> {
+    /// A decision: of `POST /v1/classify` (`Classify`), a proxy route's screen (`Screen`), or a
+    /// shadow candidate that disagreed with the live policy (`Shadow`).
+    Decided { kind: Kind, decision: &'a Decision },
+    /// A request a fail-open route forwarded without a decision, because screening failed for
+    /// `reason` (kind `screen`; action and tier `unscreened`).
+    Unscreened { request_id: &'a str, policy_version: String, reason: &'a str },
+    /// A response the stream guard ended (kind `stream_cut`): the rules verdict `step` on the
+    /// window of the app's text that matched.
+    StreamCut {
+        request_id: &'a str,
+        tenant: Option<String>,
+        policy_version: &'a str,
+        action: Action,
+        step: Step,
+        lang: &'static str,
+        text: String,
+    },
+}
+
 impl Draft {
-    /// The draft of a decision (classify, screen, shadow).
-    pub fn decided(kind: Kind, route: Option<&str>, model: ModelRef, d: &Decision) -> Draft {
-        Draft {
-            request_id: d.request_id.clone(),
-            unix_ms: now_ms(),
-            kind,
-            tenant: d.subject.tenant.clone(),
-            route: route.map(str::to_string),
-            policy_version: d.policy_version.clone(),
-            scenario: d.scenario.clone(),
-            model,
-            action: d.action.as_str(),
-            label: Some(d.label),
-            risk_score: Some(d.risk_score),
-            tier: d.tier.as_str(),
-            path: d.path.clone(),
-            note: None,
-            latency_us: d.latency_us,
-            lang: (!d.subject.lang.is_empty()).then_some(d.subject.lang),
-            text: Arc::clone(&d.subject.text),
+    /// The record of `event`; `route`: the proxy route or layer that screened (`None` for the
+    /// classify endpoint); `model`: the model the record names.
+    pub fn new(event: Event<'_>, route: Option<&str>, model: ModelRef) -> Draft {
+        let route = route.map(str::to_string);
+        let unix_ms = now_ms();
+        match event {
+            Event::Decided { kind, decision: d } => Draft {
+                request_id: d.request_id.clone(),
+                unix_ms,
+                kind,
+                tenant: d.subject.tenant.clone(),
+                route,
+                policy_version: d.policy_version.clone(),
+                scenario: d.scenario.clone(),
+                model,
+                action: d.action.as_str(),
+                label: Some(d.label),
+                risk_score: Some(d.risk_score),
+                tier: d.tier.as_str(),
+                path: d.path.clone(),
+                note: None,
+                latency_us: d.latency_us,
+                lang: (!d.subject.lang.is_empty()).then_some(d.subject.lang),
+                text: Arc::clone(&d.subject.text),
+            },
+            Event::Unscreened { request_id, policy_version, reason } => Draft {
+                request_id: request_id.to_string(),
+                unix_ms,
+                kind: Kind::Screen,
+                tenant: None,
+                route,
+                policy_version,
+                scenario: None,
+                model,
+                action: UNSCREENED,
+                label: None,
+                risk_score: None,
+                tier: UNSCREENED,
+                path: Vec::new(),
+                note: Some(serde_json::json!({"outcome": UNSCREENED, "reason": reason, "latency_us": 0})),
+                latency_us: 0,
+                lang: None,
+                text: Arc::from(""),
+            },
+            Event::StreamCut { request_id, tenant, policy_version, action, step, lang, text } => Draft {
+                request_id: request_id.to_string(),
+                unix_ms,
+                kind: Kind::StreamCut,
+                tenant,
+                route,
+                policy_version: policy_version.to_string(),
+                scenario: None,
+                model,
+                action: action.as_str(),
+                label: step.risk_score.map(Label::from_risk_score),
+                risk_score: step.risk_score,
+                tier: step.tier.as_str(),
+                latency_us: step.latency_us,
+                path: vec![step],
+                note: None,
+                lang: Some(lang),
+                text: Arc::from(text),
+            },
         }
     }
 

@@ -2,60 +2,35 @@
 //! drafted here and handed to the trail ([`crate::audit`]), whichever front door decided.
 
 use super::Gateway;
-use crate::audit::record::{now_ms, UNSCREENED};
-use crate::audit::{Draft, Kind, ModelRef};
+use crate::audit::record::Event;
+use crate::audit::{Draft, ModelRef};
 use crate::decision::{Decision, TierName};
 use crate::error::ApiError;
-use std::path::Path;
-use std::sync::Arc;
 
 impl Gateway {
-    /// Queues the record of a decision of `kind` (`route`: the proxy route or layer that
-    /// screened). Errors only under `[audit] on_full = "block"` when the queue is full: a 503
-    /// (`ApiError::Shed`) for the caller to answer with instead of the decision.
-    pub fn audit(&self, kind: Kind, route: Option<&str>, d: &Decision) -> Result<(), ApiError> {
+    /// The record phase: queues the audit record of `event` (`route`: the proxy route or layer
+    /// that screened; `None` for the classify endpoint), naming the model behind it. Errors only
+    /// under `[audit] on_full = "block"` when the queue is full: a 503 (`ApiError::Shed`) for
+    /// the caller to answer with instead of the decision.
+    pub fn record(&self, event: Event<'_>, route: Option<&str>) -> Result<(), ApiError> {
         let Some(audit) = &self.audit else { return Ok(()) };
-        audit.submit(Draft::decided(kind, route, self.model_ref(d), d))
+        audit.submit(self.draft(event, route))
     }
 
-    /// Queues a record no response waits on (a shadow disagreement): see
+    /// [`Gateway::record`] for a record no response waits on (a shadow disagreement): see
     /// [`crate::audit::Audit::submit_detached`].
-    pub(super) fn audit_detached(&self, kind: Kind, d: &Decision) {
+    pub(super) fn record_detached(&self, event: Event<'_>) {
         if let Some(audit) = &self.audit {
-            audit.submit_detached(Draft::decided(kind, None, self.model_ref(d), d));
+            audit.submit_detached(self.draft(event, None));
         }
     }
 
-    /// Queues the record of a request that a fail-open route forwarded without a decision,
-    /// because screening failed for `reason`: kind `screen`, action and tier `unscreened`.
-    /// Errors as [`Gateway::audit`].
-    pub fn audit_unscreened(
-        &self,
-        route: &str,
-        request_id: &str,
-        policy: Option<&Path>,
-        reason: &str,
-    ) -> Result<(), ApiError> {
-        let Some(audit) = &self.audit else { return Ok(()) };
-        audit.submit(Draft {
-            request_id: request_id.to_string(),
-            unix_ms: now_ms(),
-            kind: Kind::Screen,
-            tenant: None,
-            route: Some(route.to_string()),
-            policy_version: self.policy_store(policy).snapshot().version.clone(),
-            scenario: None,
-            model: self.cpu_model_ref(),
-            action: UNSCREENED,
-            label: None,
-            risk_score: None,
-            tier: UNSCREENED,
-            path: Vec::new(),
-            note: Some(serde_json::json!({"outcome": UNSCREENED, "reason": reason, "latency_us": 0})),
-            latency_us: 0,
-            lang: None,
-            text: Arc::from(""),
-        })
+    fn draft(&self, event: Event<'_>, route: Option<&str>) -> Draft {
+        let model = match &event {
+            Event::Decided { decision, .. } => self.model_ref(decision),
+            Event::Unscreened { .. } | Event::StreamCut { .. } => self.cpu_model_ref(),
+        };
+        Draft::new(event, route, model)
     }
 
     /// The model a decision names, with the sha256 of its directory's manifest (`None` for a

@@ -5,6 +5,8 @@
 
 use super::cascade::{self, Inputs, Recorded, Tiers};
 use super::{Gateway, ShadowConfig};
+use crate::audit::record::Event;
+use crate::audit::Kind;
 use crate::decision::Decision;
 use crate::metrics::KindLabels;
 use crate::policy::{Limits, Policy, PolicyStore};
@@ -115,7 +117,7 @@ impl Shadow {
             g.metrics.shadow_disagreements.get_or_create(&KindLabels { kind }).inc();
         }
         if !kinds.is_empty() {
-            g.audit_detached(crate::audit::Kind::Shadow, &candidate);
+            g.record_detached(Event::Decided { kind: Kind::Shadow, decision: &candidate });
         }
         if let (false, Some(log)) = (kinds.is_empty(), &self.log) {
             let line = serde_json::json!({

@@ -4,6 +4,8 @@
 //! server turns errors into responses.
 
 use super::app::{App, Role};
+use crate::audit::record::Event;
+use crate::audit::Kind;
 use crate::breaker::CircuitState;
 use crate::error::{json_response, ApiError};
 use crate::request::{self, ClassifyRequest};
@@ -78,7 +80,7 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
     let decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
-    app.gateway.audit(crate::audit::Kind::Classify, None, &decision)?;
+    app.gateway.record(Event::Decided { kind: Kind::Classify, decision: &decision }, None)?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 

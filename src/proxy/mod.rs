@@ -24,6 +24,8 @@ pub mod normalize;
 pub mod route;
 pub mod screen;
 
+use crate::audit::record::Event;
+use crate::audit::Kind;
 use crate::decision::Decision;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
@@ -186,9 +188,23 @@ pub(crate) fn decide(
     broken: bool,
 ) -> Result<Screening, ApiError> {
     let count = |outcome| count(gateway, route, outcome);
+    // What the client controls is refused in either mode (`ApiError::may_fail_open`): a
+    // client must not be able to choose to go unscreened by sending a bad request.
+    let fails_open = |e: &ApiError| screen.config.on_error == FailMode::Open && !broken && e.may_fail_open();
+    let reason = outcome.as_ref().err().filter(|e| fails_open(e)).map(ApiError::to_string);
+    let event = match (&outcome, &reason) {
+        (Ok(decision), _) => Some(Event::Decided { kind: Kind::Screen, decision }),
+        (Err(_), Some(reason)) => {
+            let policy_version = gateway.policy_store(screen.config.policy.as_deref()).snapshot().version.clone();
+            Some(Event::Unscreened { request_id, policy_version, reason })
+        }
+        (Err(_), None) => None,
+    };
+    if let Some(event) = event {
+        gateway.record(event, Some(route))?;
+    }
     match outcome {
         Ok(decision) => {
-            gateway.audit(crate::audit::Kind::Screen, Some(route), &decision)?;
             let disposition = match decision.action {
                 Action::Allow => Disposition::Forward,
                 Action::Review => screen.config.on_review,
@@ -210,19 +226,17 @@ pub(crate) fn decide(
             }
             Ok(Screening::Decided(decision))
         }
-        // What the client controls is refused in either mode (`ApiError::may_fail_open`): a
-        // client must not be able to choose to go unscreened by sending a bad request.
-        Err(e) if screen.config.on_error == FailMode::Closed || broken || !e.may_fail_open() => {
-            tracing::warn!(route, error = %e, "screening failed; request refused");
-            count("refused");
-            Err(e)
-        }
-        Err(e) => {
-            let reason = e.to_string();
-            gateway.audit_unscreened(route, request_id, screen.config.policy.as_deref(), &reason)?;
-            tracing::warn!(route, error = %e, "screening failed; forwarded unscreened (fail-open)");
-            Ok(Screening::Failed(reason))
-        }
+        Err(e) => match reason {
+            Some(reason) => {
+                tracing::warn!(route, error = %e, "screening failed; forwarded unscreened (fail-open)");
+                Ok(Screening::Failed(reason))
+            }
+            None => {
+                tracing::warn!(route, error = %e, "screening failed; request refused");
+                count("refused");
+                Err(e)
+            }
+        },
     }
 }
 

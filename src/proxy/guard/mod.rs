@@ -21,9 +21,9 @@
 mod text;
 
 use super::config::StreamGuardConfig;
-use crate::audit::record::now_ms;
-use crate::audit::{Audit, Draft, Kind, ModelRef};
-use crate::decision::{Label, Outcome, Step, TierName};
+use crate::audit::record::Event;
+use crate::audit::{Audit, Draft, ModelRef};
+use crate::decision::{Outcome, Step, TierName};
 use crate::metrics::RouteLabels;
 use crate::policy::Policy;
 use crate::rules::{RuleVerdict, RulesInput};
@@ -365,25 +365,16 @@ impl Guard {
             Step::new(TierName::Rules, Outcome::Matched, cut.latency_us).reason("the stream guard ended the response");
         step.rule = verdict.rule.clone();
         step.risk_score = Some(verdict.risk_score);
-        a.audit.submit_detached(Draft {
-            request_id: a.request_id.clone(),
-            unix_ms: now_ms(),
-            kind: Kind::StreamCut,
+        let event = Event::StreamCut {
+            request_id: &a.request_id,
             tenant: a.tenant.clone(),
-            route: Some(self.route.clone()),
-            policy_version: self.policy.version.clone(),
-            scenario: None,
-            model: a.model.clone(),
-            action: verdict.action.as_str(),
-            label: Some(Label::from_risk_score(verdict.risk_score)),
-            risk_score: Some(verdict.risk_score),
-            tier: TierName::Rules.as_str(),
-            path: vec![step],
-            note: None,
-            latency_us: cut.latency_us,
-            lang: Some(cut.lang),
-            text: Arc::from(cut.text),
-        });
+            policy_version: &self.policy.version,
+            action: verdict.action,
+            step,
+            lang: cut.lang,
+            text: cut.text,
+        };
+        a.audit.submit_detached(Draft::new(event, Some(&self.route), a.model.clone()));
     }
 
     /// Drops what is held and ends the stream with the decision.

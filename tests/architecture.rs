@@ -384,3 +384,37 @@ fn one_record_builder_and_one_record_site_per_front_door() {
     expect("record", &["src/ingress/endpoints.rs", "src/proxy/mod.rs"]);
     expect("record_detached", &["src/gateway/shadow.rs"]);
 }
+
+/// The cascade asks routing once per stage: it reaches `select` only through a `Router`
+/// (`Router::start`, then `router.next` in `follow`, which every stage ends with), never through
+/// `select`'s choice functions, and keeps no routing state of its own.
+#[test]
+fn the_cascade_asks_the_router_once_per_stage() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("src/gateway/cascade.rs")).unwrap();
+    let lines = non_test_lines(&text);
+    let count = |needle: &str| lines.iter().filter(|l| l.contains(needle)).count();
+    let direct: Vec<&&str> = lines
+        .iter()
+        .filter(|l| {
+            l.match_indices("select::").any(|(i, _)| {
+                let rest = &l[i + "select::".len()..];
+                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                name.starts_with(|c: char| c.is_lowercase()) && rest[name.len()..].starts_with('(')
+            })
+        })
+        .collect();
+    assert!(direct.is_empty(), "select's functions called from the cascade: {direct:?}");
+    assert_eq!(count("Router::start("), 1, "the router starts once");
+    assert_eq!(count(".router.next("), 1, "one routing question, in `follow`");
+    for stage in ["async fn cpu(&mut self", "async fn gpu(&mut self"] {
+        let at = lines.iter().position(|l| l.contains(stage)).unwrap_or_else(|| panic!("{stage} in cascade.rs"));
+        let body: Vec<&&str> =
+            lines[at + 1..].iter().take_while(|l| !l.starts_with("fn ") && !l.starts_with("async fn ")).collect();
+        let asks = body.iter().filter(|l| l.contains("self.follow(")).count();
+        assert_eq!(asks, 1, "{stage} ends with one `follow`");
+    }
+    for state in ["tried:", "escalated:"] {
+        assert_eq!(count(state), 0, "routing state `{state}` belongs to the router");
+    }
+}

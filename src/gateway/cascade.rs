@@ -13,7 +13,7 @@ use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
 use crate::policy::{ActionThresholds, Policy, Scenario};
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
-use crate::select::{self, Fallback, Ineligible, Next, SignalsSnapshot, Stage, Start, Tried};
+use crate::select::{Fallback, Ineligible, Route, Router, SignalsSnapshot, Stage, StageEnd, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, QuotaStore};
 use crate::text::{LanguageCell, TextSignals};
@@ -210,15 +210,8 @@ enum Then {
 /// or rules decide; then the guards. Errors only with `Shed` (both model tiers saturated,
 /// policy says shed).
 pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(Decision, Option<Explain>), ApiError> {
-    let start = select::start(&rating.complexity, x.policy, x.snapshot, x.req.deadline);
-    let mut run = Run {
-        metrics: tiers.metrics(),
-        path: Vec::with_capacity(4),
-        model: None,
-        escalated: None,
-        tried: Tried::default(),
-        rating,
-    };
+    let (router, start) = Router::start(&rating.complexity, x.policy, x.snapshot, x.req.deadline);
+    let mut run = Run { metrics: tiers.metrics(), path: Vec::with_capacity(4), model: None, router, rating };
     let mut stage = start.stage;
     let mut decision = loop {
         let then = match stage {
@@ -261,9 +254,8 @@ struct Run<'a> {
     /// The model verdict the rules and guards see: the unsure one that handed over, or the one
     /// that stands.
     model: Option<ModelView>,
-    /// The cpu verdict an escalation to the gpu tier started from.
-    escalated: Option<ModelVerdict>,
-    tried: Tried,
+    /// What routing keeps between stages; asked once per stage.
+    router: Router<'a>,
     /// The rating; its complexity gains the cpu tier's OOD score once known, and its encoding
     /// goes to the cpu tier.
     rating: Rating,
@@ -271,81 +263,50 @@ struct Run<'a> {
 
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
-        self.tried.cpu = true;
         let t = Instant::now();
         let prepared = Prepared { encoded: self.rating.encoded.take(), lang: Some(self.rating.lang.clone()) };
         let result = tiers.cpu(&self.rating.text, prepared, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
-        let remaining = x.remaining();
-        let v = match result {
-            Ok(v) => v,
-            Err(e) => {
-                let gpu = select::gpu_eligibility(x.policy, x.snapshot, remaining);
-                return Then::Stage(self.failed(
-                    TierName::Cpu,
-                    &e,
-                    us,
-                    select::after_failure(TierName::Cpu, self.tried, gpu),
-                ));
-            }
-        };
-        if let Some(ood) = v.ood_score {
+        if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
             self.rating.complexity = self.rating.complexity.with_ood(&x.policy.complexity, ood);
         }
-        let gpu = select::gpu_left(self.tried, x.policy, x.snapshot, remaining);
-        match self.model_step(
-            TierName::Cpu,
-            &v,
-            us,
-            select::after_cpu(&v, self.rating.lang.get(), &self.rating.complexity, x.policy, &gpu),
-        ) {
-            None => Then::Decide(TierName::Cpu, v),
-            Some(Stage::Rules) => {
-                if let (false, Err(why)) = (self.tried.gpu, gpu) {
-                    self.path.push(Step::new(TierName::Gpu, Outcome::Skipped, 0).reason(format!("unavailable: {why}")));
-                }
-                Then::Stage(Stage::Rules)
-            }
-            Some(next) => Then::Stage(next),
-        }
+        self.follow(TierName::Cpu, result, us, x)
     }
 
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
-        self.tried.gpu = true;
         let t = Instant::now();
         let result = tiers.gpu(x.policy, &self.rating.text, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Gpu, us);
-        match (result, self.escalated.take()) {
-            (Ok(v), _) => match self.model_step(TierName::Gpu, &v, us, select::after_gpu(&v, x.policy)) {
-                None => Then::Decide(TierName::Gpu, v),
+        self.follow(TierName::Gpu, result, us, x)
+    }
+
+    /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
+    /// writes the path accordingly.
+    fn follow(&mut self, tier: TierName, result: Result<ModelVerdict, TierError>, us: u64, x: &Inputs<'_>) -> Then {
+        let end = match &result {
+            Ok(v) => StageEnd::Verdict(tier, v),
+            Err(e) => StageEnd::Failed(tier, Outcome::from(e)),
+        };
+        let route = self.router.next(end, self.rating.lang.get(), &self.rating.complexity, x.remaining());
+        match (result, route) {
+            (Ok(v), route) => match self.model_step(tier, &v, us, route) {
+                None => Then::Decide(tier, v),
                 Some(next) => Then::Stage(next),
             },
-            (Err(e), Some(cpu)) => {
-                self.record_failure(TierName::Gpu, &e, us);
-                match select::after_failed_escalation(
-                    &cpu,
-                    self.rating.lang.get(),
-                    &self.rating.complexity,
-                    x.policy,
-                    Outcome::from(&e),
-                ) {
-                    Next::Accept { note } => {
-                        let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
-                        step.confidence = Some(cpu.confidence);
-                        step.risk_score = Some(cpu.risk_score);
-                        step.reason = note;
-                        self.path.push(step);
-                        Then::Decide(TierName::Cpu, cpu)
-                    }
-                    _ => Then::Stage(Stage::Rules),
-                }
+            (Err(e), Route::CpuStands { verdict, note }) => {
+                self.record_failure(tier, &e, us);
+                let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
+                step.confidence = Some(verdict.confidence);
+                step.risk_score = Some(verdict.risk_score);
+                step.reason = note;
+                self.path.push(step);
+                Then::Decide(TierName::Cpu, verdict)
             }
-            (Err(e), None) => {
-                let cpu = select::cpu_eligibility(x.policy, x.snapshot, x.remaining());
-                Then::Stage(self.failed(TierName::Gpu, &e, us, select::after_failure(TierName::Gpu, self.tried, cpu)))
-            }
+            (Err(e), Route::Fallback(fallback)) => Then::Stage(self.failed(tier, &e, us, fallback)),
+            // The router answers a failure with one of the two above; anything else is rules.
+            (Err(e), _) => Then::Stage(self.failed(tier, &e, us, Fallback::Rules { skipped: None })),
         }
     }
 
@@ -356,37 +317,43 @@ impl Run<'_> {
     }
 
     /// Records a model tier's step; `None` when its verdict stands, else the next stage.
-    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, next: Next) -> Option<Stage> {
+    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, route: Route) -> Option<Stage> {
         let mut step = Step::new(tier, Outcome::Accepted, us);
         step.confidence = Some(v.confidence);
         step.risk_score = Some(v.risk_score);
         step.ood_score = v.ood_score;
         step.endpoint = v.endpoint.clone();
         step.window = v.window;
-        let next = match next {
-            Next::Accept { note } => {
-                step.reason = note;
-                None
-            }
-            Next::Escalate { outcome, reason } => {
+        let mut skipped = None;
+        let next = match route {
+            Route::HandOver { outcome, reason, next: Stage::Gpu, .. } => {
                 self.count(|m| &m.escalations, outcome);
                 step.outcome = outcome;
                 step.reason = Some(format!("{reason}; escalating to gpu"));
-                self.escalated = Some(v.clone());
                 Some(Stage::Gpu)
             }
-            Next::Rules { outcome, reason } => {
+            Route::HandOver { outcome, reason, skipped: gpu, .. } => {
                 self.count(|m| &m.fallbacks, outcome);
                 step.outcome = outcome;
                 step.reason = Some(reason);
+                skipped = gpu;
                 Some(Stage::Rules)
             }
+            Route::Accept { note } => {
+                step.reason = note;
+                None
+            }
+            // Not an answer to a verdict: the router gives these only after a failure.
+            Route::Fallback(_) | Route::CpuStands { .. } => Some(Stage::Rules),
         };
         // A model reading a language it was not trained on has no view worth showing the rules.
         if next.is_some() && !matches!(step.outcome, Outcome::Language | Outcome::Error) {
             self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
         }
         self.path.push(step);
+        if let Some(why) = skipped {
+            self.path.push(Step::new(TierName::Gpu, Outcome::Skipped, 0).reason(format!("unavailable: {why}")));
+        }
         next
     }
 

@@ -10,10 +10,15 @@
 //! - after a model tier failed: [`after_failure`] (the other model tier, or rules), and for a
 //!   failed escalation [`after_failed_escalation`] (the cpu verdict stands, or rules).
 //!
-//! So every branch is unit-tested with hand-built snapshots and verdicts (`tests.rs`).
+//! So every branch is unit-tested with hand-built snapshots and verdicts (`tests.rs`). The
+//! cascade asks these through a [`Router`] (`router.rs`), which keeps the request's routing
+//! state between stages (tiers tried, the verdict an escalation started from).
 
 mod eligibility;
+mod router;
 mod signals;
+
+pub use router::{Route, Router, StageEnd};
 
 pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, tenant_gpu_eligibility, Ineligible};
 pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};

@@ -8,7 +8,7 @@ use crate::text::Language;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-fn policy(extra: &str) -> Policy {
+pub(super) fn policy(extra: &str) -> Policy {
     let text = format!(
         r#"
         [actions]
@@ -34,7 +34,7 @@ fn policy(extra: &str) -> Policy {
     Policy::from_sources(Path::new("p"), &[(PathBuf::from("p/routing.toml"), text)]).unwrap()
 }
 
-fn idle() -> SignalsSnapshot {
+pub(super) fn idle() -> SignalsSnapshot {
     SignalsSnapshot {
         tenant: Default::default(),
         cpu: CpuSignals {
@@ -60,11 +60,11 @@ fn idle() -> SignalsSnapshot {
     }
 }
 
-fn complexity(score: f64) -> Complexity {
+pub(super) fn complexity(score: f64) -> Complexity {
     Complexity { score, contributions: BTreeMap::from([("tokens", score)]) }
 }
 
-fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
+pub(super) fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
     ModelVerdict {
         risk_score: confidence,
         confidence,
@@ -80,11 +80,11 @@ fn verdict(confidence: f64, ood: Option<f64>) -> ModelVerdict {
 }
 
 /// An English text, as `text::detect` reports one.
-fn en() -> Language {
+pub(super) fn en() -> Language {
     Language { code: "eng", guess: "eng", script: "Latn", confidence: 0.9, reliable: true, elsewhere: None }
 }
 
-const PLENTY: Duration = Duration::from_millis(200);
+pub(super) const PLENTY: Duration = Duration::from_millis(200);
 
 #[test]
 fn simple_requests_start_on_cpu_complex_ones_on_gpu() {

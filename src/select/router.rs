@@ -1,0 +1,163 @@
+//! The router: the routing state of one request's cascade — which model tiers it has tried, the
+//! cpu verdict an escalation started from — and the one question the cascade asks after each
+//! stage ([`Router::next`]). Every choice is still made by the pure functions of [`super`]; the
+//! router only keeps what they need between stages, so the cascade runs stages and writes the
+//! path, and asks once per stage.
+
+use super::{
+    after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility, gpu_left, Fallback,
+    Ineligible, Next, Outcome, SignalsSnapshot, Stage, Start, TierName, Tried,
+};
+use crate::complexity::Complexity;
+use crate::policy::Policy;
+use crate::text::Language;
+use crate::tier::ModelVerdict;
+use std::time::Duration;
+
+/// How a stage ended, as the cascade tells the router.
+pub enum StageEnd<'v> {
+    /// A model tier answered.
+    Verdict(TierName, &'v ModelVerdict),
+    /// A model tier gave no verdict, for this reason (timeout, shed, error, ...).
+    Failed(TierName, Outcome),
+}
+
+/// What comes after a stage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Route {
+    /// The verdict just given stands; `note` says why a wanted escalation did not happen.
+    Accept { note: Option<String> },
+    /// The verdict is not trusted (`outcome` and `reason` for its step): go to `next`, the gpu
+    /// tier (an escalation) or the rules. `skipped`: the gpu tier, when it was untried but
+    /// ineligible on the way to the rules.
+    HandOver { outcome: Outcome, reason: String, next: Stage, skipped: Option<Ineligible> },
+    /// The tier failed: the other model tier, or the rules (naming the other tier when it was
+    /// untried but ineligible).
+    Fallback(Fallback),
+    /// An escalation failed and the cpu verdict it started from stands on its own.
+    CpuStands { verdict: ModelVerdict, note: Option<String> },
+}
+
+/// One request's routing state, between the cascade's stages.
+pub struct Router<'a> {
+    policy: &'a Policy,
+    snapshot: &'a SignalsSnapshot,
+    tried: Tried,
+    /// The cpu verdict an escalation to the gpu tier started from.
+    escalated: Option<ModelVerdict>,
+}
+
+impl<'a> Router<'a> {
+    /// Where the request starts ([`super::start`]), and the router that follows it.
+    pub fn start(
+        complexity: &Complexity,
+        policy: &'a Policy,
+        snapshot: &'a SignalsSnapshot,
+        remaining: Duration,
+    ) -> (Router<'a>, Start) {
+        let start = super::start(complexity, policy, snapshot, remaining);
+        (Router { policy, snapshot, tried: Tried::default(), escalated: None }, start)
+    }
+
+    /// After a stage: what comes next. `lang` and `complexity` are the text's as known now (the
+    /// complexity with the cpu tier's OOD score, once it gave one); `remaining` is the time left.
+    pub fn next(&mut self, end: StageEnd<'_>, lang: &Language, complexity: &Complexity, remaining: Duration) -> Route {
+        let (policy, snapshot) = (self.policy, self.snapshot);
+        match end {
+            StageEnd::Verdict(TierName::Cpu, v) => {
+                self.tried.cpu = true;
+                let gpu = gpu_left(self.tried, policy, snapshot, remaining);
+                match after_cpu(v, lang, complexity, policy, &gpu) {
+                    Next::Accept { note } => Route::Accept { note },
+                    Next::Escalate { outcome, reason } => {
+                        self.escalated = Some(v.clone());
+                        Route::HandOver { outcome, reason, next: Stage::Gpu, skipped: None }
+                    }
+                    Next::Rules { outcome, reason } => {
+                        let skipped = gpu.err().filter(|_| !self.tried.gpu);
+                        Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
+                    }
+                }
+            }
+            StageEnd::Verdict(_, v) => {
+                self.tried.gpu = true;
+                self.escalated = None;
+                match after_gpu(v, policy) {
+                    Next::Accept { note } => Route::Accept { note },
+                    Next::Escalate { outcome, reason } | Next::Rules { outcome, reason } => {
+                        Route::HandOver { outcome, reason, next: Stage::Rules, skipped: None }
+                    }
+                }
+            }
+            StageEnd::Failed(TierName::Cpu, _) => {
+                self.tried.cpu = true;
+                let gpu = gpu_eligibility(policy, snapshot, remaining);
+                Route::Fallback(after_failure(TierName::Cpu, self.tried, gpu))
+            }
+            StageEnd::Failed(tier, outcome) => {
+                self.tried.gpu = true;
+                match self.escalated.take() {
+                    Some(cpu) => match after_failed_escalation(&cpu, lang, complexity, policy, outcome) {
+                        Next::Accept { note } => Route::CpuStands { verdict: cpu, note },
+                        _ => Route::Fallback(Fallback::Rules { skipped: None }),
+                    },
+                    None => {
+                        let cpu = cpu_eligibility(policy, snapshot, remaining);
+                        Route::Fallback(after_failure(tier, self.tried, cpu))
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{complexity, en, idle, policy, verdict, PLENTY};
+    use super::*;
+
+    #[test]
+    fn an_escalation_that_fails_keeps_the_cpu_verdict_it_started_from() {
+        let (p, s) = (policy(""), idle());
+        let (mut router, start) = Router::start(&complexity(0.2), &p, &s, PLENTY);
+        assert_eq!(start.stage, Stage::Cpu);
+        // 0.8: below escalate_below 0.9 (escalates), above accept_below 0.7 (would stand alone).
+        let cpu = verdict(0.8, Some(0.5));
+        let route = router.next(StageEnd::Verdict(TierName::Cpu, &cpu), &en(), &complexity(0.2), PLENTY);
+        assert!(matches!(route, Route::HandOver { next: Stage::Gpu, .. }), "{route:?}");
+        match router.next(StageEnd::Failed(TierName::Gpu, Outcome::Timeout), &en(), &complexity(0.2), PLENTY) {
+            Route::CpuStands { verdict, note: Some(note) } => {
+                assert_eq!(verdict, cpu);
+                assert!(note.contains("gpu tier timeout"), "{note}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failed_tier_hands_over_to_the_other_once_then_rules() {
+        let (p, s) = (policy(""), idle());
+        let (mut router, _) = Router::start(&complexity(0.2), &p, &s, PLENTY);
+        let c = complexity(0.2);
+        let route = router.next(StageEnd::Failed(TierName::Cpu, Outcome::Shed), &en(), &c, PLENTY);
+        assert_eq!(route, Route::Fallback(Fallback::Try(Stage::Gpu)));
+        // Not an escalation: no cpu verdict to keep, and the cpu tier was tried.
+        let route = router.next(StageEnd::Failed(TierName::Gpu, Outcome::Error), &en(), &c, PLENTY);
+        assert_eq!(route, Route::Fallback(Fallback::Rules { skipped: None }));
+    }
+
+    #[test]
+    fn an_unsure_cpu_verdict_names_the_ineligible_gpu_tier_on_the_way_to_rules() {
+        let p = policy("");
+        let mut s = idle();
+        s.gpu.memory = crate::select::GpuMemory::FreeMb(100);
+        let (mut router, _) = Router::start(&complexity(0.2), &p, &s, PLENTY);
+        let unsure = verdict(0.6, Some(0.5));
+        match router.next(StageEnd::Verdict(TierName::Cpu, &unsure), &en(), &complexity(0.2), PLENTY) {
+            Route::HandOver { next: Stage::Rules, skipped: Some(why), .. } => {
+                assert!(why.to_string().contains("free memory"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

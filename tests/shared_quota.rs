@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tiergate::breaker::CircuitState;
 use tiergate::tenant::shared::{OnOutage, RedisConfig, SharedQuotaMetrics, SharedQuotas};
-use tiergate::tenant::{LocalQuotas, Quota, QuotaStore};
+use tiergate::tenant::{Limit, LocalQuotas, Quota, QuotaStore};
 
 /// A connected store over `redis`; generous timeout: this machine is shared and loaded.
 async fn store(redis: &Redis, on_outage: OnOutage, replicas: u32) -> (SharedQuotas, SharedQuotaMetrics) {
@@ -37,7 +37,7 @@ async fn gcra_allows_the_burst_then_refuses_with_retry_after_and_refills() {
         store.check_rate("payments", quota).await.unwrap_or_else(|d| panic!("request {i} of the burst: {d:?}"));
     }
     let denied = store.check_rate("payments", quota).await.expect_err("the burst is spent");
-    assert_eq!(denied.limit, "rate");
+    assert_eq!(denied.limit, Limit::Rate);
     // One emission interval (500 ms) minus the time the burst took.
     assert!(denied.retry_after > Duration::ZERO && denied.retry_after <= Duration::from_millis(500), "{denied:?}");
     // Another key has its own state.
@@ -66,7 +66,7 @@ async fn daily_budget_counts_to_the_limit_and_expires_at_utc_midnight() {
         store.take_daily("support", 3).await.unwrap_or_else(|d| panic!("call {i}: {d:?}"));
     }
     let denied = store.take_daily("support", 3).await.expect_err("the budget is spent");
-    assert_eq!(denied.limit, "gpu_daily_budget");
+    assert_eq!(denied.limit, Limit::GpuDailyBudget);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let to_midnight = 86_400 - now % 86_400;
     assert!(denied.retry_after.as_secs().abs_diff(to_midnight) <= 2, "{denied:?} vs {to_midnight} s");
@@ -130,10 +130,10 @@ async fn killed_redis_falls_back_to_the_replica_share_and_recovers_after_restart
         store.check_rate("down", quota).await.unwrap_or_else(|d| panic!("local burst {i}: {d:?}"));
     }
     let denied = store.check_rate("down", quota).await.expect_err("the local share is 2");
-    assert_eq!(denied.limit, "rate");
+    assert_eq!(denied.limit, Limit::Rate);
     store.take_daily("down", 4).await.unwrap();
     store.take_daily("down", 4).await.unwrap();
-    assert_eq!(store.take_daily("down", 4).await.unwrap_err().limit, "gpu_daily_budget", "half of 4 per replica");
+    assert_eq!(store.take_daily("down", 4).await.unwrap_err().limit, Limit::GpuDailyBudget, "half of 4 per replica");
     assert!(fallbacks(&metrics, "rate", "local") >= 3 && fallbacks(&metrics, "daily", "local") == 3);
     assert_eq!(metrics.up.get(), 0);
     // The failures (the broken connection, then background connects refused) open the circuit.
@@ -227,9 +227,9 @@ async fn outage_open_allows_and_closed_refuses() {
         open.take_daily("t", 1).await.expect("open: no budget while Redis is down");
     }
     let denied = closed.check_rate("t", quota).await.expect_err("closed: refused");
-    assert_eq!(denied.limit, "quota_store_unavailable");
+    assert_eq!(denied.limit, Limit::QuotaStoreUnavailable);
     assert!(denied.retry_after >= Duration::from_secs(1));
-    assert_eq!(closed.take_daily("t", 5).await.unwrap_err().limit, "quota_store_unavailable");
+    assert_eq!(closed.take_daily("t", 5).await.unwrap_err().limit, Limit::QuotaStoreUnavailable);
     assert_eq!(fallbacks(&metrics, "rate", "closed"), 1);
 }
 

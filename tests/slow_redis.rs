@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tiergate::tenant::shared::metrics::{FallbackLabels, StoreErrorLabels};
 use tiergate::tenant::shared::{OnOutage, RedisConfig, SharedQuotaMetrics, SharedQuotas};
-use tiergate::tenant::{LocalQuotas, Quota, QuotaStore};
+use tiergate::tenant::{Limit, LocalQuotas, Quota, QuotaStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -89,7 +89,7 @@ async fn a_redis_slow_in_alternating_phases_keeps_the_shared_limit() {
                 while Instant::now() < until {
                     match store.check_rate("tenant:t", quota).await {
                         Ok(()) => drop(admitted.fetch_add(1, Ordering::Relaxed)),
-                        Err(denied) => assert_eq!(denied.limit, "rate", "{denied:?}"),
+                        Err(denied) => assert_eq!(denied.limit, Limit::Rate, "{denied:?}"),
                     }
                     attempts.fetch_add(1, Ordering::Relaxed);
                     {

@@ -15,7 +15,7 @@ use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
 use crate::select::{Fallback, Ineligible, Route, Router, SignalsSnapshot, Stage, StageEnd, Start};
 use crate::tenant::metrics::TenantMetrics;
-use crate::tenant::{fair_share_slots, GpuSlot, Identity, QuotaStore};
+use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
 use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::windows::Encoded;
@@ -72,11 +72,11 @@ impl TenantGate<'_> {
         };
         if let Some(per_day) = class.gpu_daily_budget {
             if let Err(denied) = self.quotas.take_daily(&state.key, per_day).await {
-                self.metrics.limited(&state.label, denied.limit);
-                if denied.limit != "gpu_daily_budget" {
+                self.metrics.limited(&state.label, denied.limit.as_str());
+                if denied.limit != Limit::GpuDailyBudget {
                     return Err(TierError::Unavailable(format!(
                         "tenant gpu budget: quota store refused ({})",
-                        denied.limit
+                        denied.limit.as_str()
                     )));
                 }
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

@@ -37,7 +37,7 @@ use crate::signals::gpu::{CudaDriver, GpuSource};
 use crate::signals::{Readings, SignalsHub};
 use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
-use crate::tenant::{Identity, QuotaStore, Tenants};
+use crate::tenant::{Identity, Limit, QuotaStore, Tenants};
 use crate::text::{self, LanguageCell};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
@@ -282,20 +282,20 @@ impl Gateway {
         if let Some(quota) = state.class.rate {
             if let Err(denied) = self.quotas.check_rate(&state.key, quota).await {
                 self.metrics.rate_limited.inc();
-                self.tenant_metrics.limited(&state.label, denied.limit);
+                self.tenant_metrics.limited(&state.label, denied.limit.as_str());
                 let detail = match denied.limit {
-                    "rate" => format!(
+                    Limit::Rate => format!(
                         "class `{}`: {} per second, burst {}{}",
                         state.class.name,
                         quota.per_second,
                         quota.burst,
                         if state.label == OTHER { ", shared by every unknown tenant" } else { "" }
                     ),
-                    other => format!("the quota store refused: {other}"),
+                    other => format!("the quota store refused: {}", other.as_str()),
                 };
                 return Err(ApiError::RateLimited {
                     tenant: state.label.clone(),
-                    limit: denied.limit,
+                    limit: denied.limit.as_str(),
                     detail,
                     retry_after_s: denied.retry_after.as_secs_f64().ceil().max(1.0) as u64,
                 });

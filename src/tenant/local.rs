@@ -4,7 +4,7 @@
 //! Keys are bounded by config (one per known tenant plus one shared by every unknown tenant),
 //! so neither map needs sweeping.
 
-use super::quota::{Denied, Quota, QuotaStore};
+use super::quota::{Denied, Limit, Quota, QuotaStore};
 use futures_util::future::{self, BoxFuture};
 use governor::clock::{Clock, DefaultClock};
 use governor::DefaultKeyedRateLimiter;
@@ -46,7 +46,7 @@ impl LocalQuotas {
     pub fn check_rate_now(&self, key: &str, quota: Quota) -> Result<(), Denied> {
         let limiter = self.limiter(quota);
         limiter.check_key(&key.to_string()).map_err(|not_until| Denied {
-            limit: "rate",
+            limit: Limit::Rate,
             retry_after: not_until.wait_time_from(DefaultClock::default().now()),
         })
     }
@@ -61,7 +61,7 @@ impl LocalQuotas {
         }
         if entry.1 >= per_day {
             let midnight = Duration::from_secs((day + 1) * DAY_S);
-            return Err(Denied { limit: "gpu_daily_budget", retry_after: midnight.saturating_sub(now) });
+            return Err(Denied { limit: Limit::GpuDailyBudget, retry_after: midnight.saturating_sub(now) });
         }
         entry.1 += 1;
         Ok(())
@@ -91,7 +91,7 @@ mod tests {
             q.check_rate_now("tenant:a", quota).unwrap();
         }
         let denied = q.check_rate_now("tenant:a", quota).unwrap_err();
-        assert_eq!(denied.limit, "rate");
+        assert_eq!(denied.limit, Limit::Rate);
         assert!(denied.retry_after > Duration::ZERO && denied.retry_after <= Duration::from_secs(1), "{denied:?}");
         q.check_rate_now("tenant:b", quota).expect("another key has its own cell");
     }
@@ -103,7 +103,7 @@ mod tests {
         q.take_daily_at("k", 2, late).unwrap();
         q.take_daily_at("k", 2, late).unwrap();
         let denied = q.take_daily_at("k", 2, late).unwrap_err();
-        assert_eq!(denied, Denied { limit: "gpu_daily_budget", retry_after: Duration::from_secs(60) });
+        assert_eq!(denied, Denied { limit: Limit::GpuDailyBudget, retry_after: Duration::from_secs(60) });
         q.take_daily_at("k", 2, late + Duration::from_secs(61)).expect("a new day");
     }
 
@@ -112,8 +112,8 @@ mod tests {
         let q: Arc<dyn QuotaStore> = Arc::new(LocalQuotas::new());
         let quota = Quota { per_second: 1, burst: 1 };
         q.check_rate("k", quota).await.unwrap();
-        assert_eq!(q.check_rate("k", quota).await.unwrap_err().limit, "rate");
+        assert_eq!(q.check_rate("k", quota).await.unwrap_err().limit, Limit::Rate);
         q.take_daily("k", 1).await.unwrap();
-        assert_eq!(q.take_daily("k", 1).await.unwrap_err().limit, "gpu_daily_budget");
+        assert_eq!(q.take_daily("k", 1).await.unwrap_err().limit, Limit::GpuDailyBudget);
     }
 }

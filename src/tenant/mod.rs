@@ -14,5 +14,5 @@ pub mod shared;
 pub use config::{ClassConfig, RateConfig, TenantsConfig};
 pub use identity::{Class, Identity, Source, TenantState, Tenants};
 pub use local::LocalQuotas;
-pub use quota::{Denied, Quota, QuotaStore};
+pub use quota::{Denied, Limit, Quota, QuotaStore};
 pub use share::{fair_share_slots, GpuSlot, GpuSlots};

@@ -17,10 +17,30 @@ pub struct Quota {
 /// Which limit refused a request and when to try again; becomes a 429 with `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denied {
-    /// Stable name of the limit, as the 429 body names it: `"rate"`, `"gpu_daily_budget"`, or
-    /// `"quota_store_unavailable"` (a shared store down under `on_outage = "closed"`).
-    pub limit: &'static str,
+    pub limit: Limit,
     pub retry_after: Duration,
+}
+
+/// A limit a quota store enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The tenant class's GCRA rate.
+    Rate,
+    /// The tenant class's gpu-tier calls per UTC day.
+    GpuDailyBudget,
+    /// A shared store out of reach under `on_outage = "closed"`.
+    QuotaStoreUnavailable,
+}
+
+impl Limit {
+    /// Its stable name, as the 429 body and the `tiergate_tenant_limited_total` metric name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Rate => "rate",
+            Limit::GpuDailyBudget => "gpu_daily_budget",
+            Limit::QuotaStoreUnavailable => "quota_store_unavailable",
+        }
+    }
 }
 
 /// Where rate and budget state lives. Implementations: `LocalQuotas` (this process) and the

@@ -20,7 +20,7 @@ pub use config::{OnOutage, RedisConfig};
 pub use metrics::SharedQuotaMetrics;
 
 use super::local::LocalQuotas;
-use super::quota::{Denied, Quota, QuotaStore};
+use super::quota::{Denied, Limit, Quota, QuotaStore};
 use crate::breaker::{BreakerConfig, CircuitBreaker, CircuitState};
 use futures_util::future::BoxFuture;
 use metrics::{FallbackLabels, StoreErrorLabels};
@@ -190,7 +190,9 @@ impl SharedQuotas {
         match self.on_outage {
             OnOutage::Local => local.await,
             OnOutage::Open => Ok(()),
-            OnOutage::Closed => Err(Denied { limit: "quota_store_unavailable", retry_after: self.closed_retry_after }),
+            OnOutage::Closed => {
+                Err(Denied { limit: Limit::QuotaStoreUnavailable, retry_after: self.closed_retry_after })
+            }
         }
     }
 }
@@ -212,14 +214,14 @@ impl QuotaStore for SharedQuotas {
                     self.link.metrics.reconciled.inc_by(u64::from(floor.carried));
                     match wait_us {
                         0 => Ok(()),
-                        _ => Err(Denied { limit: "rate", retry_after: Duration::from_micros(wait_us) }),
+                        _ => Err(Denied { limit: Limit::Rate, retry_after: Duration::from_micros(wait_us) }),
                     }
                 }
                 None => {
                     // Lazy: the mirror charges only when the local path is the configured one.
                     let local = Box::pin(async move {
                         let decided = self.mirror.check_local(key, quota, self.replicas, Instant::now());
-                        decided.map_err(|retry_after| Denied { limit: "rate", retry_after })
+                        decided.map_err(|retry_after| Denied { limit: Limit::Rate, retry_after })
                     });
                     self.outage("rate", local).await
                 }
@@ -232,7 +234,7 @@ impl QuotaStore for SharedQuotas {
             let args = [u64::from(per_day.max(1))];
             match self.link.eval::<u64>(&self.daily, self.daily_key(key), &args).await {
                 Some(0) => Ok(()),
-                Some(wait_s) => Err(Denied { limit: "gpu_daily_budget", retry_after: Duration::from_secs(wait_s) }),
+                Some(wait_s) => Err(Denied { limit: Limit::GpuDailyBudget, retry_after: Duration::from_secs(wait_s) }),
                 None => {
                     let share = per_day.div_ceil(self.replicas.max(1)).max(1);
                     self.outage("daily", self.fallback.take_daily(key, share)).await

@@ -96,7 +96,7 @@ pub struct Decision {
     pub scenario: Option<String>,
     /// With a live A/B test (`[ab]`): the arm whose policy decided, `live` or `candidate`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub arm: Option<&'static str>,
+    pub arm: Option<Arm>,
     pub model: String,
     /// Time from the start of the decision to the response, µs.
     pub latency_us: u64,
@@ -154,4 +154,22 @@ pub struct Attribution {
     /// 0-based position among the words scored.
     pub index: usize,
     pub delta: f64,
+}
+
+/// Which policy decided a request in an A/B test (`[ab]`): the live one or the candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arm {
+    Live,
+    Candidate,
+}
+
+impl Arm {
+    /// The metric label and the decision's `arm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::Live => "live",
+            Arm::Candidate => "candidate",
+        }
+    }
 }

@@ -10,7 +10,8 @@ mod common;
 use http::StatusCode;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use tiergate::gateway::ab::band::{arm_of, Arm};
+use tiergate::decision::Arm;
+use tiergate::gateway::ab::band::arm_of;
 use tiergate::Config;
 
 const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";

@@ -14,11 +14,12 @@
 pub mod band;
 
 use super::AbConfig;
+use crate::decision::Arm;
 use crate::decision::{Decision, TierName};
 use crate::error::ApiError;
 use crate::policy::{Limits, Policy, PolicyStore};
 use crate::request::ClassifyRequest;
-use band::{Arm, Bands, Breach, Check, Outcome, Window};
+use band::{Bands, Breach, Check, Outcome, Window};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

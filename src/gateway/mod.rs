@@ -26,7 +26,7 @@ pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky}
 
 use crate::breaker::CircuitState;
 use crate::complexity;
-use crate::decision::{Decision, Explain, Subject, TierName};
+use crate::decision::{Arm, Decision, Explain, Subject, TierName};
 use crate::error::ApiError;
 use crate::metrics::{DecisionLabels, Metrics, StepLabels};
 use crate::policy::{Policy, PolicyStore};
@@ -178,9 +178,9 @@ impl Gateway {
     ) -> Result<Decision, ApiError> {
         let Some(ab) = &self.ab else { return self.classify(req, request_id).await };
         let arm = ab.arm(&req, headers);
-        let store = if arm == ab::band::Arm::Candidate { &ab.policies } else { &self.policies };
+        let store = if arm == Arm::Candidate { &ab.policies } else { &self.policies };
         let result = self.classify_and_shadow(store, req, request_id, false).await.map(|(mut d, _)| {
-            d.arm = Some(arm.as_str());
+            d.arm = Some(arm);
             d
         });
         ab.record(arm, &result);

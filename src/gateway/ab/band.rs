@@ -5,28 +5,11 @@
 //! long enough to roll back. No locks, no clock: the runtime ([`super::Ab`]) feeds them and acts
 //! on the answer.
 
+use crate::decision::Arm;
 use crate::gateway::Sticky;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
-
-/// Which policy decides a request in an A/B test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arm {
-    Live,
-    Candidate,
-}
-
-impl Arm {
-    /// The metric label and the decision's `arm`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arm::Live => "live",
-            Arm::Candidate => "candidate",
-        }
-    }
-}
 
 /// The sticky key of a request under `sticky`, from its `authenticated` tenant (a name a
 /// configured source vouches for: an API key, the trusted front proxy's header; never the

@@ -386,8 +386,9 @@ fn one_record_builder_and_one_record_site_per_front_door() {
 }
 
 /// The cascade asks routing once per stage: it reaches `select` only through a `Router`
-/// (`Router::start`, then `router.next` in `follow`, which every stage ends with), never through
-/// `select`'s choice functions, and keeps no routing state of its own.
+/// (`Router::start`, then one question in `follow`, which every stage ends with), never through
+/// `select`'s choice functions, and keeps no routing state of its own. `follow` asks once:
+/// `after_verdict` or `after_failure`, by how the stage ended.
 #[test]
 fn the_cascade_asks_the_router_once_per_stage() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -406,7 +407,8 @@ fn the_cascade_asks_the_router_once_per_stage() {
         .collect();
     assert!(direct.is_empty(), "select's functions called from the cascade: {direct:?}");
     assert_eq!(count("Router::start("), 1, "the router starts once");
-    assert_eq!(count(".router.next("), 1, "one routing question, in `follow`");
+    assert_eq!(count(".router.after_verdict("), 1, "one routing question after a verdict, in `follow`");
+    assert_eq!(count(".router.after_failure("), 1, "one routing question after a failure, in `follow`");
     for stage in ["async fn cpu(&mut self", "async fn gpu(&mut self"] {
         let at = lines.iter().position(|l| l.contains(stage)).unwrap_or_else(|| panic!("{stage} in cascade.rs"));
         let body: Vec<&&str> =

@@ -13,7 +13,7 @@ use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
 use crate::policy::{ActionThresholds, Policy, Scenario};
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput};
-use crate::select::{Fallback, Ineligible, Route, Router, SignalsSnapshot, Stage, StageEnd, Start};
+use crate::select::{Fallback, Ineligible, Recovery, Route, Router, SignalsSnapshot, Stage, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
 use crate::text::{LanguageCell, TextSignals};
@@ -285,28 +285,27 @@ impl Run<'_> {
     /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
     /// writes the path accordingly.
     fn follow(&mut self, tier: TierName, result: Result<ModelVerdict, TierError>, us: u64, x: &Inputs<'_>) -> Then {
-        let end = match &result {
-            Ok(v) => StageEnd::Verdict(tier, v),
-            Err(e) => StageEnd::Failed(tier, Outcome::from(e)),
-        };
-        let route = self.router.next(end, self.rating.lang.get(), &self.rating.complexity, x.remaining());
-        match (result, route) {
-            (Ok(v), route) => match self.model_step(tier, &v, us, route) {
-                None => Then::Decide(tier, v),
-                Some(next) => Then::Stage(next),
-            },
-            (Err(e), Route::CpuStands { verdict, note }) => {
-                self.record_failure(tier, &e, us);
-                let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
-                step.confidence = Some(verdict.confidence);
-                step.risk_score = Some(verdict.risk_score);
-                step.reason = note;
-                self.path.push(step);
-                Then::Decide(TierName::Cpu, verdict)
+        let (lang, complexity, remaining) = (self.rating.lang.get(), &self.rating.complexity, x.remaining());
+        match result {
+            Ok(v) => {
+                let route = self.router.after_verdict(tier, &v, lang, complexity, remaining);
+                match self.model_step(tier, &v, us, route) {
+                    None => Then::Decide(tier, v),
+                    Some(next) => Then::Stage(next),
+                }
             }
-            (Err(e), Route::Fallback(fallback)) => Then::Stage(self.failed(tier, &e, us, fallback)),
-            // The router answers a failure with one of the two above; anything else is rules.
-            (Err(e), _) => Then::Stage(self.failed(tier, &e, us, Fallback::Rules { skipped: None })),
+            Err(e) => match self.router.after_failure(tier, Outcome::from(&e), lang, complexity, remaining) {
+                Recovery::Fallback(fallback) => Then::Stage(self.failed(tier, &e, us, fallback)),
+                Recovery::CpuStands { verdict, note } => {
+                    self.record_failure(tier, &e, us);
+                    let mut step = Step::new(TierName::Cpu, Outcome::Accepted, 0);
+                    step.confidence = Some(verdict.confidence);
+                    step.risk_score = Some(verdict.risk_score);
+                    step.reason = note;
+                    self.path.push(step);
+                    Then::Decide(TierName::Cpu, verdict)
+                }
+            },
         }
     }
 
@@ -343,8 +342,6 @@ impl Run<'_> {
                 step.reason = note;
                 None
             }
-            // Not an answer to a verdict: the router gives these only after a failure.
-            Route::Fallback(_) | Route::CpuStands { .. } => Some(Stage::Rules),
         };
         // A model reading a language it was not trained on has no view worth showing the rules.
         if next.is_some() && !matches!(step.outcome, Outcome::Language | Outcome::Error) {

@@ -18,7 +18,7 @@ mod eligibility;
 mod router;
 mod signals;
 
-pub use router::{Route, Router, StageEnd};
+pub use router::{Recovery, Route, Router};
 
 pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, tenant_gpu_eligibility, Ineligible};
 pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};

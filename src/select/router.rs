@@ -1,6 +1,6 @@
 //! The router: the routing state of one request's cascade — which model tiers it has tried, the
 //! cpu verdict an escalation started from — and the one question the cascade asks after each
-//! stage ([`Router::next`]). Every choice is still made by the pure functions of [`super`]; the
+//! stage ([`Router::after_verdict`] or [`Router::after_failure`], by how it ended). Every choice is still made by the pure functions of [`super`]; the
 //! router only keeps what they need between stages, so the cascade runs stages and writes the
 //! path, and asks once per stage.
 
@@ -14,25 +14,22 @@ use crate::text::Language;
 use crate::tier::ModelVerdict;
 use std::time::Duration;
 
-/// How a stage ended, as the cascade tells the router.
-pub enum StageEnd<'v> {
-    /// A model tier answered.
-    Verdict(TierName, &'v ModelVerdict),
-    /// A model tier gave no verdict, for this reason (timeout, shed, error, ...).
-    Failed(TierName, Outcome),
-}
-
-/// What comes after a stage.
+/// What comes after a model tier's verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Route {
-    /// The verdict just given stands; `note` says why a wanted escalation did not happen.
+    /// The verdict stands; `note` says why a wanted escalation did not happen.
     Accept { note: Option<String> },
     /// The verdict is not trusted (`outcome` and `reason` for its step): go to `next`, the gpu
     /// tier (an escalation) or the rules. `skipped`: the gpu tier, when it was untried but
     /// ineligible on the way to the rules.
     HandOver { outcome: Outcome, reason: String, next: Stage, skipped: Option<Ineligible> },
-    /// The tier failed: the other model tier, or the rules (naming the other tier when it was
-    /// untried but ineligible).
+}
+
+/// What comes after a model tier gave no verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recovery {
+    /// The other model tier, or the rules (naming the other tier when it was untried but
+    /// ineligible).
     Fallback(Fallback),
     /// An escalation failed and the cpu verdict it started from stands on its own.
     CpuStands { verdict: ModelVerdict, note: Option<String> },
@@ -59,53 +56,68 @@ impl<'a> Router<'a> {
         (Router { policy, snapshot, tried: Tried::default(), escalated: None }, start)
     }
 
-    /// After a stage: what comes next. `lang` and `complexity` are the text's as known now (the
-    /// complexity with the cpu tier's OOD score, once it gave one); `remaining` is the time left.
-    pub fn next(&mut self, end: StageEnd<'_>, lang: &Language, complexity: &Complexity, remaining: Duration) -> Route {
+    /// After `tier` answered `v`: whether it stands. `lang` and `complexity` are the text's as
+    /// known now (the complexity with the cpu tier's OOD score); `remaining` is the time left.
+    pub fn after_verdict(
+        &mut self,
+        tier: TierName,
+        v: &ModelVerdict,
+        lang: &Language,
+        complexity: &Complexity,
+        remaining: Duration,
+    ) -> Route {
         let (policy, snapshot) = (self.policy, self.snapshot);
-        match end {
-            StageEnd::Verdict(TierName::Cpu, v) => {
-                self.tried.cpu = true;
-                let gpu = gpu_left(self.tried, policy, snapshot, remaining);
-                match after_cpu(v, lang, complexity, policy, &gpu) {
-                    Next::Accept { note } => Route::Accept { note },
-                    Next::Escalate { outcome, reason } => {
-                        self.escalated = Some(v.clone());
-                        Route::HandOver { outcome, reason, next: Stage::Gpu, skipped: None }
-                    }
-                    Next::Rules { outcome, reason } => {
-                        let skipped = gpu.err().filter(|_| !self.tried.gpu);
-                        Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
-                    }
+        if tier == TierName::Cpu {
+            self.tried.cpu = true;
+            let gpu = gpu_left(self.tried, policy, snapshot, remaining);
+            return match after_cpu(v, lang, complexity, policy, &gpu) {
+                Next::Accept { note } => Route::Accept { note },
+                Next::Escalate { outcome, reason } => {
+                    self.escalated = Some(v.clone());
+                    Route::HandOver { outcome, reason, next: Stage::Gpu, skipped: None }
                 }
-            }
-            StageEnd::Verdict(_, v) => {
-                self.tried.gpu = true;
-                self.escalated = None;
-                match after_gpu(v, policy) {
-                    Next::Accept { note } => Route::Accept { note },
-                    Next::Escalate { outcome, reason } | Next::Rules { outcome, reason } => {
-                        Route::HandOver { outcome, reason, next: Stage::Rules, skipped: None }
-                    }
+                Next::Rules { outcome, reason } => {
+                    let skipped = gpu.err().filter(|_| !self.tried.gpu);
+                    Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
                 }
+            };
+        }
+        self.tried.gpu = true;
+        self.escalated = None;
+        match after_gpu(v, policy) {
+            Next::Accept { note } => Route::Accept { note },
+            Next::Escalate { outcome, reason } | Next::Rules { outcome, reason } => {
+                Route::HandOver { outcome, reason, next: Stage::Rules, skipped: None }
             }
-            StageEnd::Failed(TierName::Cpu, _) => {
-                self.tried.cpu = true;
-                let gpu = gpu_eligibility(policy, snapshot, remaining);
-                Route::Fallback(after_failure(TierName::Cpu, self.tried, gpu))
-            }
-            StageEnd::Failed(tier, outcome) => {
-                self.tried.gpu = true;
-                match self.escalated.take() {
-                    Some(cpu) => match after_failed_escalation(&cpu, lang, complexity, policy, outcome) {
-                        Next::Accept { note } => Route::CpuStands { verdict: cpu, note },
-                        _ => Route::Fallback(Fallback::Rules { skipped: None }),
-                    },
-                    None => {
-                        let cpu = cpu_eligibility(policy, snapshot, remaining);
-                        Route::Fallback(after_failure(tier, self.tried, cpu))
-                    }
-                }
+        }
+    }
+
+    /// After `tier` gave no verdict (`outcome`: timeout, shed, error, ...): the other model tier,
+    /// the rules, or — for a failed escalation — the cpu verdict it started from. Arguments as
+    /// [`Router::after_verdict`].
+    pub fn after_failure(
+        &mut self,
+        tier: TierName,
+        outcome: Outcome,
+        lang: &Language,
+        complexity: &Complexity,
+        remaining: Duration,
+    ) -> Recovery {
+        let (policy, snapshot) = (self.policy, self.snapshot);
+        if tier == TierName::Cpu {
+            self.tried.cpu = true;
+            let gpu = gpu_eligibility(policy, snapshot, remaining);
+            return Recovery::Fallback(after_failure(TierName::Cpu, self.tried, gpu));
+        }
+        self.tried.gpu = true;
+        match self.escalated.take() {
+            Some(cpu) => match after_failed_escalation(&cpu, lang, complexity, policy, outcome) {
+                Next::Accept { note } => Recovery::CpuStands { verdict: cpu, note },
+                _ => Recovery::Fallback(Fallback::Rules { skipped: None }),
+            },
+            None => {
+                let cpu = cpu_eligibility(policy, snapshot, remaining);
+                Recovery::Fallback(after_failure(tier, self.tried, cpu))
             }
         }
     }
@@ -123,10 +135,10 @@ mod tests {
         assert_eq!(start.stage, Stage::Cpu);
         // 0.8: below escalate_below 0.9 (escalates), above accept_below 0.7 (would stand alone).
         let cpu = verdict(0.8, Some(0.5));
-        let route = router.next(StageEnd::Verdict(TierName::Cpu, &cpu), &en(), &complexity(0.2), PLENTY);
+        let route = router.after_verdict(TierName::Cpu, &cpu, &en(), &complexity(0.2), PLENTY);
         assert!(matches!(route, Route::HandOver { next: Stage::Gpu, .. }), "{route:?}");
-        match router.next(StageEnd::Failed(TierName::Gpu, Outcome::Timeout), &en(), &complexity(0.2), PLENTY) {
-            Route::CpuStands { verdict, note: Some(note) } => {
+        match router.after_failure(TierName::Gpu, Outcome::Timeout, &en(), &complexity(0.2), PLENTY) {
+            Recovery::CpuStands { verdict, note: Some(note) } => {
                 assert_eq!(verdict, cpu);
                 assert!(note.contains("gpu tier timeout"), "{note}");
             }
@@ -139,11 +151,11 @@ mod tests {
         let (p, s) = (policy(""), idle());
         let (mut router, _) = Router::start(&complexity(0.2), &p, &s, PLENTY);
         let c = complexity(0.2);
-        let route = router.next(StageEnd::Failed(TierName::Cpu, Outcome::Shed), &en(), &c, PLENTY);
-        assert_eq!(route, Route::Fallback(Fallback::Try(Stage::Gpu)));
+        let recovery = router.after_failure(TierName::Cpu, Outcome::Shed, &en(), &c, PLENTY);
+        assert_eq!(recovery, Recovery::Fallback(Fallback::Try(Stage::Gpu)));
         // Not an escalation: no cpu verdict to keep, and the cpu tier was tried.
-        let route = router.next(StageEnd::Failed(TierName::Gpu, Outcome::Error), &en(), &c, PLENTY);
-        assert_eq!(route, Route::Fallback(Fallback::Rules { skipped: None }));
+        let recovery = router.after_failure(TierName::Gpu, Outcome::Error, &en(), &c, PLENTY);
+        assert_eq!(recovery, Recovery::Fallback(Fallback::Rules { skipped: None }));
     }
 
     #[test]
@@ -153,7 +165,7 @@ mod tests {
         s.gpu.memory = crate::select::GpuMemory::FreeMb(100);
         let (mut router, _) = Router::start(&complexity(0.2), &p, &s, PLENTY);
         let unsure = verdict(0.6, Some(0.5));
-        match router.next(StageEnd::Verdict(TierName::Cpu, &unsure), &en(), &complexity(0.2), PLENTY) {
+        match router.after_verdict(TierName::Cpu, &unsure, &en(), &complexity(0.2), PLENTY) {
             Route::HandOver { next: Stage::Rules, skipped: Some(why), .. } => {
                 assert!(why.to_string().contains("free memory"), "{why}")
             }

@@ -9,8 +9,7 @@
 
 pub mod upstream;
 
-use super::backend::Prepared;
-use super::backend::{ModelTier, TierInput, TierLoad};
+use super::backend::{ModelTier, Prepared, TierInput, TierLoad};
 use super::config::{GpuConfig, NO_GPU};
 use super::model::ModelInfo;
 use super::onnx::OnnxPool;
@@ -59,10 +58,13 @@ static REGISTRY: LazyLock<RwLock<BTreeMap<&'static str, BackendSpec>>> =
 
 /// Adds a backend, for `gpu.backend = "<name>"`. Call before the config is loaded.
 ///
-/// Errors: the name is `none` or already registered.
+/// Errors: the name is `none` (no gpu tier) or already registered.
 pub fn register(spec: BackendSpec) -> Result<(), String> {
     let mut registry = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-    if spec.name == "none" || registry.contains_key(spec.name) {
+    if spec.name == NO_GPU {
+        return Err(format!("{NO_GPU:?} means no gpu tier; a backend needs another name"));
+    }
+    if registry.contains_key(spec.name) {
         return Err(format!("a gpu backend named {:?} exists already", spec.name));
     }
     registry.insert(spec.name, spec);

@@ -350,7 +350,7 @@ fn non_test_lines(text: &str) -> Vec<&str> {
 
 /// One record builder and one record site per front door: an audit `Draft` is only built in
 /// `audit/record.rs` (`Draft::new`, from an `Event`); the classify endpoint and the proxy's
-/// `decide` (routes and `TierGateLayer` alike) each record once through `Gateway::record`; a
+/// pipeline (routes and `TierGateLayer` alike) each record once through `Gateway::record`; a
 /// shadow disagreement through `Gateway::record_detached`; a stream cut (a later event of a
 /// proxied response, after the gateway has answered) through `Draft::new` in the stream guard.
 #[test]
@@ -381,7 +381,8 @@ fn one_record_builder_and_one_record_site_per_front_door() {
         assert_eq!(found.get(kind).cloned().unwrap_or_default(), files, "{kind} call sites");
     };
     expect("Draft::new", &["src/gateway/audit.rs", "src/proxy/guard/mod.rs"]);
-    expect("record", &["src/ingress/endpoints.rs", "src/proxy/mod.rs"]);
+    // The proxy's pipeline records through its port, which passes the call to the gateway.
+    expect("record", &["src/ingress/endpoints.rs", "src/proxy/pipeline.rs", "src/proxy/port.rs"]);
     expect("record_detached", &["src/gateway/shadow.rs"]);
 }
 
@@ -419,4 +420,40 @@ fn the_cascade_asks_the_router_once_per_stage() {
     for state in ["tried:", "escalated:"] {
         assert_eq!(count(state), 0, "routing state `{state}` belongs to the router");
     }
+}
+
+/// The proxy reaches the gateway through one narrow interface, `proxy/port.rs` (`Port`): no
+/// other file under `src/proxy` names `Gateway` or `crate::gateway`. And the phases of screening
+/// are written once: reading, deciding and recording happen in `proxy/pipeline.rs`, which the
+/// routes (`Proxy::handle`) and `TierGateLayer` both call.
+#[test]
+fn the_proxy_reaches_the_gateway_through_its_port_and_screens_in_one_pipeline() {
+    let mut reaches = Vec::new();
+    let mut calls: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (module, rel, text) in sources() {
+        if module != "proxy" {
+            continue;
+        }
+        for line in non_test_lines(&text) {
+            let code = strip_literals(line);
+            let names_gateway = code.contains("crate::gateway")
+                || code.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|token| token == "Gateway");
+            if names_gateway && rel != "src/proxy/port.rs" {
+                reaches.push(format!("{rel}: {line}"));
+            }
+            for phase in ["screen::read(", "port.decide(", "port.record(", "pipeline::screen("] {
+                if code.contains(phase) {
+                    calls.entry(phase).or_default().push(rel.clone());
+                }
+            }
+        }
+    }
+    assert!(reaches.is_empty(), "src/proxy reaches the gateway outside port.rs: {reaches:#?}");
+    let expect = |phase: &str, files: &[&str]| {
+        assert_eq!(calls.get(phase).cloned().unwrap_or_default(), files, "`{phase}` call sites under src/proxy");
+    };
+    expect("screen::read(", &["src/proxy/pipeline.rs"]);
+    expect("port.decide(", &["src/proxy/pipeline.rs"]);
+    expect("port.record(", &["src/proxy/pipeline.rs"]);
+    expect("pipeline::screen(", &["src/proxy/layer.rs", "src/proxy/mod.rs"]);
 }

@@ -12,15 +12,13 @@ use crate::error::ApiError;
 use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
 use crate::policy::{ActionThresholds, Policy, Scenario};
 use crate::request::ClassifyRequest;
-use crate::rules::{ModelView, RulesInput};
+use crate::rules::{ModelView, RulesInput, TextFacts};
 use crate::select::{Fallback, Ineligible, Recovery, Route, Router, SignalsSnapshot, Stage, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
-use crate::text::{LanguageCell, TextSignals};
 use crate::tier::gpu::GpuTier;
 use crate::tier::windows::Encoded;
 use crate::tier::{ModelTier, ModelVerdict, Prepared, TierError, TierInput};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -157,18 +155,12 @@ impl Tiers<'_> {
 /// language, and how hard it is.
 #[derive(Debug, Clone)]
 pub struct Rating {
-    /// The canonical text the models and rules read (the request's own `text` is kept for the
-    /// app and the audit).
-    pub text: Arc<str>,
-    /// The text's language: the cpu worker detects it when the request gets there, else the
-    /// first stage that reads it.
-    pub lang: LanguageCell,
-    /// What canonicalisation undid.
-    pub obfuscation: TextSignals,
+    /// What the rules read of the text, the canonical text the models read among it (the
+    /// request's own `text` is kept for the app and the audit); its language is detected by the
+    /// cpu worker when the request gets there, else by the first stage that reads it.
+    pub facts: TextFacts,
     pub stats: TextStats,
     pub complexity: Complexity,
-    /// Match counts of every policy signal over the text.
-    pub signals: BTreeMap<String, i64>,
     /// The cpu model's input, when rating tokenised the text (it travels with the cpu job).
     pub encoded: Option<Encoded>,
 }
@@ -238,7 +230,7 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
     let explain = x.req.explain.then(|| Explain {
         complexity: run.rating.complexity,
         stats: run.rating.stats,
-        language: *run.rating.lang.get(),
+        language: *run.rating.facts.lang.get(),
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),
@@ -264,8 +256,8 @@ struct Run<'a> {
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         let t = Instant::now();
-        let prepared = Prepared { encoded: self.rating.encoded.take(), lang: Some(self.rating.lang.clone()) };
-        let result = tiers.cpu(&self.rating.text, prepared, x.deadline()).await;
+        let prepared = Prepared { encoded: self.rating.encoded.take(), lang: Some(self.rating.facts.lang.clone()) };
+        let result = tiers.cpu(&self.rating.facts.text, prepared, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
         if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
@@ -276,7 +268,7 @@ impl Run<'_> {
 
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         let t = Instant::now();
-        let result = tiers.gpu(x.policy, &self.rating.text, x.deadline()).await;
+        let result = tiers.gpu(x.policy, &self.rating.facts.text, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Gpu, us);
         self.follow(TierName::Gpu, result, us, x)
@@ -285,7 +277,7 @@ impl Run<'_> {
     /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
     /// writes the path accordingly.
     fn follow(&mut self, tier: TierName, result: Result<ModelVerdict, TierError>, us: u64, x: &Inputs<'_>) -> Then {
-        let (lang, complexity, remaining) = (self.rating.lang.get(), &self.rating.complexity, x.remaining());
+        let (lang, complexity, remaining) = (self.rating.facts.lang.get(), &self.rating.complexity, x.remaining());
         match result {
             Ok(v) => {
                 let route = self.router.after_verdict(tier, &v, lang, complexity, remaining);
@@ -385,15 +377,7 @@ impl Run<'_> {
     /// What the rules and guards see: the canonical text and its facts, the request's features
     /// and tenant, the model view.
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
-        RulesInput {
-            text: &self.rating.text,
-            lang: self.rating.lang.get().code,
-            obfuscation: &self.rating.obfuscation,
-            signals: &self.rating.signals,
-            features: &x.req.features,
-            tenant: x.req.tenant.as_deref(),
-            model: self.model,
-        }
+        self.rating.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model)
     }
 
     /// The rules stage: never fails, never waits. A rule that errors is counted and logged.

@@ -38,7 +38,6 @@ use crate::signals::{Readings, SignalsHub};
 use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
 use crate::tenant::{Identity, Limit, QuotaStore, Tenants};
-use crate::text::{self, LanguageCell};
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;
@@ -242,9 +241,9 @@ impl Gateway {
         });
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
         let rating = self.rate(&policy, &req, &snapshot);
-        let canonical = Arc::clone(&rating.text);
+        let canonical = Arc::clone(&rating.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
-        let lang = rating.lang.clone();
+        let lang = rating.facts.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
         if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
             if decision.path[0].tier == TierName::Cpu {
@@ -316,22 +315,19 @@ impl Gateway {
     /// and the cpu worker tokenises — off the async runtime, and never for a request that
     /// admission sends past the cpu tier.
     fn rate(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &SignalsSnapshot) -> Rating {
-        let canonical = text::canonicalize(&req.text);
-        let text: Arc<str> = if canonical.signals.changed { Arc::from(canonical.text) } else { Arc::clone(&req.text) };
-        let lang = LanguageCell::new(Arc::clone(&text));
+        let facts = policy.rules.read(&req.text);
         let spec = &policy.complexity;
-        let signals = policy.rules.count_signals(&text);
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
-            self.cpu.tokens(&text, spec.tokens_full)
+            self.cpu.tokens(&facts.text, spec.tokens_full)
         } else {
-            Tokens::lower_bound(&text, spec.tokens_full)
+            Tokens::lower_bound(&facts.text, spec.tokens_full)
         };
-        let mut stats = complexity::scan(&text);
+        let mut stats = complexity::scan(&facts.text);
         stats.tokens = tokens.count;
-        stats.signal_hits = signals.values().sum::<i64>().max(0) as usize;
+        stats.signal_hits = facts.signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
         let complexity = complexity::rate(&stats, spec);
-        Rating { text, lang, obfuscation: canonical.signals, stats, complexity, signals, encoded: tokens.encoded }
+        Rating { facts, stats, complexity, encoded: tokens.encoded }
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.

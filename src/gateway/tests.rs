@@ -114,13 +114,12 @@ async fn replay_in(
     recorded: Recorded,
 ) -> Result<Decision, ApiError> {
     let scenario = policy.scenario(scenario).expect("the test's scenario is defined");
+    let mut facts = policy.rules.read(&req.text);
+    facts.lang = LanguageCell::known(facts.text.clone(), english());
     let rating = Rating {
-        text: req.text.clone(),
-        lang: LanguageCell::known(req.text.clone(), english()),
-        obfuscation: Default::default(),
+        facts,
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
-        signals: policy.rules.count_signals(&req.text),
         encoded: None,
     };
     let inputs = Inputs { policy, scenario, req: &req, snapshot: &snapshot, started: Instant::now() };

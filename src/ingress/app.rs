@@ -4,13 +4,15 @@
 
 use super::config::{AdminConfig, PublicViews};
 use crate::gateway::Gateway;
-use crate::proxy::Proxy;
+use crate::proxy::{Port, Proxy};
 use crate::web::ServerConfig;
 use std::sync::Arc;
 
 /// What the request handlers share.
 pub struct App {
     pub gateway: Arc<Gateway>,
+    /// The gateway as the proxy's routes reach it.
+    pub port: Port,
     pub limits: ServerConfig,
     pub role: Role,
 }
@@ -26,12 +28,14 @@ impl App {
     ) -> (App, App) {
         let proxy = proxy.map(Arc::new);
         let admin = App {
+            port: Port::from(Arc::clone(&gateway)),
             gateway: Arc::clone(&gateway),
             limits: server.clone(),
             role: Role::Admin { token: admin_config.token.clone(), proxy: proxy.clone() },
         };
         let views = admin_config.public_views();
-        (App { gateway, limits: server.clone(), role: Role::Public { proxy, views } }, admin)
+        let port = Port::from(Arc::clone(&gateway));
+        (App { gateway, port, limits: server.clone(), role: Role::Public { proxy, views } }, admin)
     }
 }
 

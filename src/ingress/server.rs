@@ -173,7 +173,7 @@ async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxB
     if let Role::Public { proxy: Some(proxy), .. } = &app.role {
         crate::proxy::normalize::request(&mut req)?;
         if let Some(route) = proxy.route(&req) {
-            return proxy.handle(&app.gateway, &app.limits, route, req).await;
+            return proxy.handle(&app.port, &app.limits, route, req).await;
         }
     }
     let timeout_ms = app.limits.request_timeout_ms;

@@ -4,11 +4,11 @@
 //! Failures are `ApiError`s (502, 504, or the client's own 400), never the app's details.
 
 use super::headers::{append_via, prepare_request_headers, request_host_header, strip_hop_by_hop};
+use super::port::{Handled, Port};
 use super::route::{AppAddr, HostHeader, Route};
 use super::screen::Outgoing;
-use super::{count, guard, Proxy, Screening};
+use super::{guard, Proxy, Screening};
 use crate::error::{error_chain, ApiError};
-use crate::gateway::Gateway;
 use crate::metrics::RouteLabels;
 use crate::web::{empty, full, headers, BoxBody, BoxError, IdleTimeout};
 use bytes::Bytes;
@@ -18,7 +18,6 @@ use http::{Method, Request, Response, Uri, Version};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -38,17 +37,17 @@ impl Proxy {
     /// Forwards a request (already screened, when the route screens) to the route's app.
     pub(super) async fn forward(
         &self,
-        gateway: &Gateway,
+        port: &Port,
         route: &Route,
         mut parts: http::request::Parts,
         body: Outgoing<Incoming>,
         screened: Option<&Screening>,
     ) -> Result<Response<BoxBody>, ApiError> {
         // For a cut's audit record: the id the decision carries (set by the request-id layer).
-        let request_id = (route.guard.is_some() && gateway.audit.is_some()).then(|| {
+        let request_id = (route.guard.is_some() && port.audits()).then(|| {
             parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
         });
-        let original_host = self.prepare_request(gateway, route, &mut parts, screened);
+        let original_host = self.prepare_request(port, route, &mut parts, screened);
         // A body we hold whole can be sent again; a streamed one only once.
         let replayable = match &body {
             Outgoing::Bytes(b) => Some(b.clone()),
@@ -59,7 +58,7 @@ impl Proxy {
         let (mut tried, mut attempt) = (None, 0);
         loop {
             let pick = route.balancer.pick(tried).map_err(|e| {
-                count(gateway, &route.name, "upstream_error");
+                port.count(&route.name, Handled::UpstreamError);
                 ApiError::BadGateway { route: route.name.clone(), reason: e.to_string() }
             })?;
             tried = Some(pick.index);
@@ -70,20 +69,17 @@ impl Proxy {
             match self.attempt(route, request).await {
                 Attempt::Answered(response) => {
                     let status = response.status();
-                    let labels = RouteLabels { route: route.name.clone(), outcome: status_class(status) };
-                    gateway.metrics.proxy_upstream_latency.get_or_create(&labels).observe(sent.elapsed().as_secs_f64());
+                    port.observe_app(&route.name, status_class(status), sent.elapsed());
                     // The app answering 502-504 is the app (or what is behind it) failing.
                     pick.record(!matches!(status.as_u16(), 502..=504));
-                    let forwarded =
-                        if matches!(screened, Some(Screening::Failed(_))) { "unscreened" } else { "forwarded" };
-                    count(gateway, &route.name, forwarded);
+                    port.count(&route.name, screened.map_or(Handled::Forwarded, Screening::handled));
                     let head = parts.method == Method::HEAD;
-                    return Ok(self.prepare_response(gateway, route, response, screened, head, request_id));
+                    return Ok(self.prepare_response(port, route, response, screened, head, request_id));
                 }
                 Attempt::ClientFailed(reason) => {
                     // Not the app's fault: no failure recorded against its address.
                     tracing::info!(route = %route.name, error = %reason, "the client's request body failed");
-                    count(gateway, &route.name, "client_error");
+                    port.count(&route.name, Handled::ClientError);
                     return Err(ApiError::BodyRead(client_body_error(&reason)));
                 }
                 Attempt::Failed(e) => {
@@ -97,7 +93,7 @@ impl Proxy {
                         continue;
                     }
                     tracing::warn!(route = %route.name, app = %pick.url(), error = %reason, "app request failed");
-                    count(gateway, &route.name, "upstream_error");
+                    port.count(&route.name, Handled::UpstreamError);
                     // The details (addresses, errors) go to the log, not to the client.
                     let reason = if e.is_connect() {
                         "could not connect to the app"
@@ -108,7 +104,7 @@ impl Proxy {
                 }
                 Attempt::TimedOut => {
                     pick.record(false);
-                    count(gateway, &route.name, "upstream_timeout");
+                    port.count(&route.name, Handled::UpstreamTimeout);
                     let timeout_ms = route.response_header_timeout.as_millis() as u64;
                     tracing::warn!(route = %route.name, app = %pick.url(), timeout_ms, "app sent no response head in time");
                     return Err(ApiError::GatewayTimeout { route: route.name.clone(), timeout_ms });
@@ -120,13 +116,13 @@ impl Proxy {
     /// The request's head as every attempt sends it; returns the client's `Host`.
     fn prepare_request(
         &self,
-        gateway: &Gateway,
+        port: &Port,
         route: &Route,
         parts: &mut http::request::Parts,
         screened: Option<&Screening>,
     ) -> Option<HeaderValue> {
         // tiergate's own credentials (API keys, the trusted tenant header) are not the app's.
-        gateway.tenants.strip_credentials(&mut parts.headers);
+        port.tenants().strip_credentials(&mut parts.headers);
         let original_host = request_host_header(parts);
         prepare_request_headers(parts, self.via.as_deref(), self.trust_forwarded, screened);
         if route.guard.is_some() {
@@ -164,7 +160,7 @@ impl Proxy {
     /// decision in, the body idle-limited and, on a guarded route, screened as it streams.
     fn prepare_response(
         &self,
-        gateway: &Gateway,
+        port: &Port,
         route: &Route,
         response: Response<Incoming>,
         screened: Option<&Screening>,
@@ -190,18 +186,14 @@ impl Proxy {
                 // The guard may end the stream early: the app's length no longer holds.
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());
-                let audit = gateway.audit.as_ref().zip(request_id).map(|(audit, request_id)| guard::CutAudit {
-                    audit: Arc::clone(audit),
-                    request_id,
-                    tenant: match screened {
-                        Some(Screening::Decided(d)) => d.subject.tenant.clone(),
-                        _ => None,
-                    },
-                    model: gateway.cpu_model_ref(),
-                });
+                let tenant = match screened {
+                    Some(Screening::Decided(d)) => d.subject.tenant.clone(),
+                    _ => None,
+                };
+                let audit = request_id.and_then(|id| port.cut_audit(id, tenant));
                 guard::spawn(
-                    gateway.policy_store(policy).snapshot(),
-                    gateway.metrics.stream_guard.clone(),
+                    port.policy(policy),
+                    port.stream_counter().clone(),
                     route.name.clone(),
                     guard.clone(),
                     &parts.headers,
@@ -213,7 +205,7 @@ impl Proxy {
                 // Asked for identity coding and got a compressed body anyway: it passes unread.
                 tracing::warn!(route = %route.name, "compressed response on a guarded route; not screened");
                 let labels = RouteLabels { route: route.name.clone(), outcome: "unreadable" };
-                gateway.metrics.stream_guard.get_or_create(&labels).inc();
+                port.stream_counter().get_or_create(&labels).inc();
                 body
             }
             _ => body,

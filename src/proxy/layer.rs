@@ -9,12 +9,11 @@
 
 use super::forward::outgoing_body;
 use super::headers::{set_decision_headers, strip_forged};
-use super::screen::{self, Screen};
-use super::{decide, Screening};
+use super::pipeline::{self, Door, Screening};
+use super::port::Port;
+use super::screen::Screen;
 use crate::decision::Decision;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
-use crate::metrics::RouteLabels;
 use crate::web::{boxed, headers, BoxBody, BoxError, ServerConfig};
 use bytes::Bytes;
 use futures_util::future::{Either, FutureExt, TryFutureExt};
@@ -31,7 +30,7 @@ pub struct TierGateLayer {
 }
 
 struct Shared {
-    gateway: Arc<Gateway>,
+    port: Port,
     limits: ServerConfig,
     screen: Screen,
     /// The label in `tiergate_proxy_requests_total{route}` and logs.
@@ -43,15 +42,16 @@ impl TierGateLayer {
     /// deadline and the body-read timeout. Errors name the bad source, or a `policy` directory
     /// the gateway did not load.
     pub fn new(
-        gateway: Arc<Gateway>,
+        gateway: impl Into<Port>,
         limits: ServerConfig,
         name: impl Into<String>,
         screen: &super::config::ScreenConfig,
     ) -> Result<Self, String> {
         // The gateway loads the policy directories its config's routes name, and decides under
         // the live policy for any other: a layer naming one it lacks would silently get that.
+        let port: Port = gateway.into();
         if let Some(dir) = &screen.policy {
-            if !gateway.route_policies.contains_key(dir) && gateway.policies.dir() != dir.as_path() {
+            if !port.loaded_policy(dir) {
                 return Err(format!(
                     "`screen.policy` {} is not a policy directory the gateway loaded (`policies.dir` or a route's \
                      `[routes.screen] policy` in the config it started with)",
@@ -60,7 +60,7 @@ impl TierGateLayer {
             }
         }
         let screen = Screen::new(screen)?;
-        Ok(TierGateLayer { shared: Arc::new(Shared { gateway, limits, screen, name: name.into() }) })
+        Ok(TierGateLayer { shared: Arc::new(Shared { port, limits, screen, name: name.into() }) })
     }
 }
 
@@ -90,19 +90,13 @@ where
             id
         }
     };
-    let (outcome, outgoing) =
-        screen::screen(&shared.gateway, &shared.limits, &shared.screen, &parts, body, request_id.clone()).await;
-    let broken = matches!(outgoing, screen::Outgoing::Broken);
-    let screening = decide(&shared.gateway, &shared.name, &shared.screen, &request_id, outcome, broken)?;
+    let door = Door { port: &shared.port, name: &shared.name, screen: &shared.screen, limits: &shared.limits };
+    let (screening, outgoing) = pipeline::screen(&door, &parts, body, &request_id).await?;
     // Counted as a proxied route counts what it forwards, so that `outcome` adds up to every
-    // request the layer saw (blocked and refused ones are counted by `decide`).
-    let outcome = match &screening {
-        Screening::Decided(_) => "forwarded",
-        Screening::Failed(_) => "unscreened",
-    };
-    shared.gateway.metrics.proxy_requests.get_or_create(&RouteLabels { route: shared.name.clone(), outcome }).inc();
+    // request the layer saw (blocked and refused ones are counted by the pipeline).
+    shared.port.count(&shared.name, screening.handled());
     strip_forged(&mut parts.headers);
-    shared.gateway.tenants.strip_credentials(&mut parts.headers);
+    shared.port.tenants().strip_credentials(&mut parts.headers);
     set_decision_headers(&mut parts.headers, &screening);
     if let Screening::Decided(decision) = screening {
         parts.extensions.insert::<Decision>(decision);

@@ -1,11 +1,9 @@
-//! Screening a request on its way to an app: the text, features and tenant are taken from the
-//! request by the route's sources, decided by the [`Gateway`], and the body is handed back intact
-//! for forwarding, whatever happened.
+//! Reading a request on its way to an app: the text, features and tenant are taken from the
+//! request by the route's sources into a classify request, and the body is handed back intact for
+//! forwarding, whatever happened. Deciding it is the next phase (`pipeline.rs`).
 
 use super::config::ScreenConfig;
-use crate::decision::Decision;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
 use crate::request::{self, ClassifyRequest};
 use crate::tenant::Tenants;
 use crate::web::{self, ServerConfig};
@@ -155,15 +153,15 @@ pub enum Outgoing<B> {
     Broken,
 }
 
-/// Screens one request: `Ok(decision)`, or why screening could not run; and the body to forward.
-pub async fn screen<B>(
-    gateway: &Gateway,
+/// The read phase of screening (`pipeline.rs`): the classify request the route's sources give (its
+/// tenant identified), or why there is none; and the body to forward, intact whatever happened.
+pub async fn read<B>(
+    tenants: &Tenants,
     limits: &ServerConfig,
     screen: &Screen,
     parts: &Parts,
     body: B,
-    request_id: String,
-) -> (Result<Decision, ApiError>, Outgoing<B>)
+) -> (Result<ClassifyRequest, ApiError>, Outgoing<B>)
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -176,11 +174,7 @@ where
     } else {
         (None, Outgoing::Stream(body))
     };
-    let request = match classify_request(limits, &gateway.tenants, screen, parts, json.as_ref()) {
-        Ok(request) => request,
-        Err(e) => return (Err(e), outgoing),
-    };
-    (gateway.classify_under(screen.config.policy.as_deref(), request, request_id).await, outgoing)
+    (classify_request(limits, tenants, screen, parts, json.as_ref()), outgoing)
 }
 
 /// Reads and parses the JSON body, keeping every byte read for forwarding.

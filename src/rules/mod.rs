@@ -23,6 +23,7 @@
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
 
 mod compile;
+mod read;
 mod spec;
 
 pub use compile::{compile, RuleClasses, RuleProblem, SpecRef};
@@ -32,6 +33,7 @@ use crate::action::Action;
 use crate::text::TextSignals;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
+pub use read::TextFacts;
 use regex::{Regex, RegexSet};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -26,7 +26,7 @@ use crate::audit::{Audit, Draft, ModelRef};
 use crate::decision::{Outcome, Step, TierName};
 use crate::metrics::RouteLabels;
 use crate::policy::Policy;
-use crate::rules::{RuleVerdict, RulesInput};
+use crate::rules::RuleVerdict;
 use crate::web::{BoxBody, BoxError};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
@@ -328,24 +328,15 @@ impl Guard {
             end += step;
         }
         ends.push(len);
-        let mut found = None;
+        let (mut found, no_features) = (None, serde_json::Map::new());
         for end in ends {
             let end = floor_char_boundary(&self.generated, end);
             let start = ceil_char_boundary(&self.generated, end.saturating_sub(window));
-            // The app's words are read as a request's are: look-alikes folded, invisibles out.
-            let canonical = crate::text::canonicalize(&self.generated[start..end]);
-            let text = canonical.text.as_str();
-            let signals = self.policy.rules.count_signals(text);
-            let lang = crate::text::detect(text).code;
-            let verdict = self.policy.rules.evaluate(&RulesInput {
-                text,
-                lang,
-                obfuscation: &canonical.signals,
-                signals: &signals,
-                features: &serde_json::Map::new(),
-                tenant: None,
-                model: None,
-            });
+            // The app's words are read as a request's are (`RuleSet::read`): look-alikes folded,
+            // invisibles out, the same signals; no features, tenant or model view.
+            let facts = self.policy.rules.read(&Arc::from(&self.generated[start..end]));
+            let verdict = self.policy.rules.evaluate(&facts.input(&no_features, None, None));
+            let lang = facts.lang.get().code;
             if verdict.rule.is_some() && self.config.cut_on.contains(&verdict.action) {
                 let window = self.generated[start..end].to_string();
                 let latency_us = started.elapsed().as_micros() as u64;

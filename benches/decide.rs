@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tiergate::config::Config;
 use tiergate::gateway::{Gateway, Sources};
+use tiergate::readings::cpu::CpuSource;
 use tiergate::request::ClassifyRequest;
-use tiergate::signals::cpu::CpuSource;
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
 

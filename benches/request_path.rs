@@ -15,7 +15,7 @@ use tiergate::complexity::{rate, scan};
 use tiergate::policy::Policy;
 use tiergate::request::ClassifyRequest;
 use tiergate::rules::{ModelView, RulesInput};
-use tiergate::select::{after_cpu, start, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use tiergate::select::{after_cpu, start, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot};
 use tiergate::text::Language;
 use tiergate::tier::windows::TokenCounter;
 use tiergate::tier::ModelVerdict;
@@ -26,13 +26,13 @@ const SHORT: &str = "Your account is locked. Confirm your password at http://sec
 /// A request as it arrives: the body, the headers and the server's limits it is validated with.
 struct Incoming {
     headers: HeaderMap,
-    limits: ServerConfig,
+    server: ServerConfig,
     body: String,
 }
 
 /// What the routing decisions are made on: the tiers' signals, the cpu verdict and its language.
 struct Routing {
-    snapshot: SignalsSnapshot,
+    snapshot: LoadSnapshot,
     verdict: ModelVerdict,
     english: Language,
 }
@@ -41,7 +41,7 @@ fn bench(c: &mut Criterion) {
     let policy = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
     let incoming = Incoming {
         headers: HeaderMap::new(),
-        limits: ServerConfig::default(),
+        server: ServerConfig::default(),
         body: serde_json::json!({"text": SHORT, "features": {"amount": 120, "country": "DE"}, "tenant": "acme"})
             .to_string(),
     };
@@ -62,9 +62,9 @@ fn bench(c: &mut Criterion) {
 }
 
 fn bench_extract(c: &mut Criterion, incoming: &Incoming) {
-    let Incoming { headers, limits, body } = incoming;
+    let Incoming { headers, server, body } = incoming;
     c.bench_function("extract/classify_request", |b| {
-        b.iter(|| ClassifyRequest::from_json(black_box(headers), black_box(body.as_bytes()), limits).unwrap())
+        b.iter(|| ClassifyRequest::from_json(black_box(headers), black_box(body.as_bytes()), server).unwrap())
     });
 }
 
@@ -140,7 +140,7 @@ fn bench_request_path(
     incoming: &Incoming,
     worst: &str,
 ) {
-    let (Incoming { headers, limits, body }, spec) = (incoming, &policy.complexity);
+    let (Incoming { headers, server, body }, spec) = (incoming, &policy.complexity);
     let Routing { snapshot, verdict, english } = routing;
     let worst_body = serde_json::json!({"text": worst, "features": {"amount": 120}}).to_string();
     for (name, body, gpu) in [
@@ -151,9 +151,9 @@ fn bench_request_path(
     ] {
         c.bench_function(name, |b| {
             b.iter(|| {
-                let req = ClassifyRequest::from_json(headers, black_box(body.as_bytes()), limits).unwrap();
+                let req = ClassifyRequest::from_json(headers, black_box(body.as_bytes()), server).unwrap();
                 let canonical = tiergate::text::canonicalize(&req.text);
-                let text = if canonical.signals.changed { canonical.text.as_str() } else { &*req.text };
+                let text = if canonical.obfuscation.changed { canonical.text.as_str() } else { &*req.text };
                 let mut stats = scan(text);
                 stats.tokens = if gpu {
                     counter.count(text, spec.tokens_full).count
@@ -171,17 +171,17 @@ fn bench_request_path(
 }
 
 /// The tiers' signals the routing benchmarks decide on: both tiers healthy and lightly loaded.
-fn snapshot() -> SignalsSnapshot {
-    SignalsSnapshot {
+fn snapshot() -> LoadSnapshot {
+    LoadSnapshot {
         tenant: Default::default(),
-        cpu: CpuSignals {
+        cpu: CpuLoad {
             utilization: Some(0.4),
             queue_depth: 2,
             in_flight: 1,
             service_us: Some(6000),
             queue_wait_us: Some(6000),
         },
-        gpu: GpuSignals {
+        gpu: GpuLoad {
             unavailable: None,
             memory: GpuMemory::FreeMb(40_000),
             utilization: Some(0.3),

@@ -14,22 +14,22 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
 use tiergate::breaker::CircuitState;
-use tiergate::gateway::tenant_signals;
+use tiergate::gateway::tenant_load;
 use tiergate::policy::Policy;
-use tiergate::select::{gpu_eligibility, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use tiergate::select::{gpu_eligibility, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot};
 use tiergate::tenant::{fair_share_slots, LocalQuotas, QuotaStore, Tenants, TenantsConfig};
 
-fn snapshot() -> SignalsSnapshot {
-    SignalsSnapshot {
+fn snapshot() -> LoadSnapshot {
+    LoadSnapshot {
         tenant: Default::default(),
-        cpu: CpuSignals {
+        cpu: CpuLoad {
             utilization: Some(0.4),
             queue_depth: 2,
             in_flight: 1,
             service_us: Some(6000),
             queue_wait_us: Some(6000),
         },
-        gpu: GpuSignals {
+        gpu: GpuLoad {
             unavailable: None,
             memory: GpuMemory::FreeMb(40_000),
             utilization: Some(0.3),
@@ -81,7 +81,7 @@ fn bench(c: &mut Criterion) {
                 let quota = id.state.class.rate.unwrap();
                 quotas.check_rate(&id.state.key, quota).now_or_never().unwrap().unwrap();
                 let mut s = base.clone();
-                s.tenant = tenant_signals(&id);
+                s.tenant = tenant_load(&id);
                 gpu_eligibility(&policy, &s, remaining).unwrap();
                 let slot = id.state.gpu.try_acquire(fair_share_slots(0.5, policy.gpu.max_in_flight));
                 quotas.take_daily(&id.state.key, 4_000_000_000).now_or_never().unwrap().unwrap();

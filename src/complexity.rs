@@ -122,7 +122,7 @@ impl Complexity {
 }
 
 /// Rates `stats` under `spec`. Zero contributions are left out.
-pub fn rate(stats: &TextStats, spec: &ComplexitySpec) -> Complexity {
+pub fn assess(stats: &TextStats, spec: &ComplexitySpec) -> Complexity {
     let sat = |count: usize, full: usize| (count as f64 / full as f64).min(1.0);
     let features = [
         ("tokens", sat(stats.tokens, spec.tokens_full)),
@@ -215,7 +215,7 @@ mod tests {
     fn contributions_sum_to_the_score_and_saturate() {
         let spec = ComplexitySpec::default();
         let stats = TextStats { tokens: 128, sentences: 1, links: 0, features: 0, ..Default::default() };
-        let c = rate(&stats, &spec);
+        let c = assess(&stats, &spec);
         assert_eq!(c.contributions["tokens"], 0.3, "tokens saturate at tokens_full");
         assert!((c.score - c.contributions.values().sum::<f64>()).abs() < 1e-12);
         assert!(!c.contributions.contains_key("links"), "zero contributions are left out");
@@ -238,7 +238,7 @@ mod tests {
             signal_hits: 99,
             features: 99,
         };
-        assert_eq!(rate(&stats, &spec).score, 1.0);
+        assert_eq!(assess(&stats, &spec).score, 1.0);
     }
 
     #[test]

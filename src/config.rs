@@ -11,7 +11,7 @@ use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
 use crate::proxy::config::{ProxyConfig, RouteConfig};
 use crate::proxy::Proxy;
-use crate::signals::SignalsConfig;
+use crate::readings::ReadingsConfig;
 use crate::tenant::TenantsConfig;
 use crate::tier::{GpuConfig, ModelConfig, Provider};
 use crate::web::ServerConfig;
@@ -46,7 +46,9 @@ pub struct Config {
     pub model: ModelConfig,
     pub policies: PoliciesConfig,
     pub gpu: GpuConfig,
-    pub signals: SignalsConfig,
+    /// `[readings]`: how load is sampled (the old name `[signals]` is still read).
+    #[serde(alias = "signals")]
+    pub readings: ReadingsConfig,
     pub admission: AdmissionConfig,
     /// Tenants: identity sources, classes, quotas (`crate::tenant`).
     pub tenants: TenantsConfig,
@@ -71,7 +73,7 @@ impl Default for Config {
             model: ModelConfig::default(),
             policies: PoliciesConfig::default(),
             gpu: GpuConfig::default(),
-            signals: SignalsConfig::default(),
+            readings: ReadingsConfig::default(),
             admission: AdmissionConfig::default(),
             tenants: TenantsConfig::default(),
             admin: AdminConfig::default(),
@@ -145,7 +147,7 @@ impl Config {
             model: &self.model,
             gpu: &self.gpu,
             policies: &self.policies,
-            signals: &self.signals,
+            readings: &self.readings,
             admission: &self.admission,
             tenants: &self.tenants,
             shadow: &self.shadow,
@@ -351,6 +353,13 @@ mod tests {
         std::fs::write(dir.join("t.toml"), "[shadow.model]\ndir = \"../cand\"\n").unwrap();
         let c = Config::load(&dir.join("t.toml")).unwrap();
         assert_eq!(c.shadow.model.unwrap().dir, dir.join("../cand"), "relative to the config file, as every path");
+    }
+
+    #[test]
+    fn readings_is_also_read_under_its_old_name_signals() {
+        assert_eq!(Config::parse("[readings]\ncpu_interval_ms = 55").unwrap().readings.cpu_interval_ms, 55);
+        assert_eq!(Config::parse("[signals]\ncpu_interval_ms = 56").unwrap().readings.cpu_interval_ms, 56);
+        assert!(Config::parse("[signals]\ncpu_interval_ms = 1\n[readings]\ncpu_interval_ms = 2").is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 pub use crate::select::{Outcome, TierName};
 
 use crate::action::Action;
-use crate::select::{SignalsSnapshot, Start};
+use crate::select::{LoadSnapshot, Start};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -137,7 +137,7 @@ pub struct Explain {
     /// language gate).
     pub language: crate::text::Language,
     /// The signals snapshot routing used.
-    pub signals: SignalsSnapshot,
+    pub signals: LoadSnapshot,
     /// The starting tier, why, and each model tier's eligibility.
     pub start: Start,
     /// Why the cpu model said what it said: each word's effect on its risk score (occlusion),

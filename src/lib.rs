@@ -28,10 +28,10 @@ pub mod ort_lib;
 pub mod plot;
 pub mod policy;
 pub mod proxy;
+pub mod readings;
 pub mod request;
 pub mod rules;
 pub mod select;
-pub mod signals;
 pub mod tenant;
 #[cfg(test)]
 mod test_support;

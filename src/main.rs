@@ -300,7 +300,7 @@ fn explain(
         // A one-off decision, not served traffic: no audit record.
         let gateway = Gateway::start(&GatewayConfig { audit: None, ..config.gateway() }, Sources::default())?;
         // Let the samplers take their first readings, as a running server would have them.
-        tokio::time::sleep(std::time::Duration::from_millis(2 * config.signals.cpu_interval_ms + 50)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(2 * config.readings.cpu_interval_ms + 50)).await;
         let deadline = std::time::Duration::from_millis(config.server.default_deadline_ms);
         let mut request = tiergate::ClassifyRequest::new(text, features, tenant, deadline, &config.server)?;
         request.explain = true;

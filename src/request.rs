@@ -41,7 +41,7 @@ pub struct ClassifyRequest {
 }
 
 impl ClassifyRequest {
-    /// The one constructor: checks `text`, `features` and `tenant` against `limits`.
+    /// The one constructor: checks `text`, `features` and `tenant` against `server`.
     ///
     /// Errors: `InvalidField` naming `text` (blank, or over `max_text_bytes`), `features` (over
     /// `max_features` keys) or `tenant` (over [`MAX_TENANT_BYTES`]).
@@ -50,21 +50,21 @@ impl ClassifyRequest {
         features: Map<String, Value>,
         tenant: Option<String>,
         deadline: Duration,
-        limits: &ServerConfig,
+        server: &ServerConfig,
     ) -> Result<ClassifyRequest, ApiError> {
         if text.trim().is_empty() {
             return Err(ApiError::invalid("text", "`text` must not be empty"));
         }
-        if text.len() > limits.max_text_bytes {
+        if text.len() > server.max_text_bytes {
             return Err(ApiError::invalid(
                 "text",
-                format!("`text` must be at most {} bytes, got {}", limits.max_text_bytes, text.len()),
+                format!("`text` must be at most {} bytes, got {}", server.max_text_bytes, text.len()),
             ));
         }
-        if features.len() > limits.max_features {
+        if features.len() > server.max_features {
             return Err(ApiError::invalid(
                 "features",
-                format!("`features` must have at most {} keys, got {}", limits.max_features, features.len()),
+                format!("`features` must have at most {} keys, got {}", server.max_features, features.len()),
             ));
         }
         if tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES) {
@@ -101,7 +101,7 @@ impl ClassifyRequest {
     /// Errors: `MalformedJson` (400) for a body that is not JSON or repeats a key
     /// ([`crate::web::json`]); `InvalidField` (422) for a
     /// non-object body, an unknown, missing or mistyped field, or a limit from [`Self::new`].
-    pub fn from_json(headers: &HeaderMap, body: &[u8], limits: &ServerConfig) -> Result<ClassifyRequest, ApiError> {
+    pub fn from_json(headers: &HeaderMap, body: &[u8], server: &ServerConfig) -> Result<ClassifyRequest, ApiError> {
         let value = crate::web::json::parse(body)?;
         let Value::Object(mut obj) = value else {
             return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
@@ -140,7 +140,7 @@ impl ClassifyRequest {
                 ))
             }
         };
-        let mut request = ClassifyRequest::new(text, features, tenant, deadline(headers, limits)?, limits)?;
+        let mut request = ClassifyRequest::new(text, features, tenant, deadline(headers, server)?, server)?;
         request.scenario = scenario;
         request.deadline_requested = headers.contains_key(headers::DEADLINE);
         Ok(request)
@@ -180,11 +180,11 @@ pub fn tenant_header(headers: &HeaderMap) -> Option<String> {
 /// The deadline from `x-tiergate-deadline-ms` (1..=`max_deadline_ms`), else `default_deadline_ms`.
 ///
 /// Errors: `InvalidField` naming the header when it is not an integer in range.
-pub fn deadline(headers: &HeaderMap, limits: &ServerConfig) -> Result<Duration, ApiError> {
+pub fn deadline(headers: &HeaderMap, server: &ServerConfig) -> Result<Duration, ApiError> {
     let Some(raw) = headers.get(headers::DEADLINE) else {
-        return Ok(Duration::from_millis(limits.default_deadline_ms));
+        return Ok(Duration::from_millis(server.default_deadline_ms));
     };
-    let max = limits.max_deadline_ms;
+    let max = server.max_deadline_ms;
     let ms = raw.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|ms| (1..=max).contains(ms));
     let ms = ms.ok_or_else(|| {
         ApiError::invalid(
@@ -228,7 +228,7 @@ mod tests {
     use crate::web::require_json;
     use http::header;
 
-    fn limits() -> ServerConfig {
+    fn server() -> ServerConfig {
         ServerConfig { max_text_bytes: 10, max_features: 2, ..ServerConfig::default() }
     }
 
@@ -240,7 +240,7 @@ mod tests {
     }
 
     fn parse(h: &HeaderMap, body: &[u8]) -> Result<ClassifyRequest, ApiError> {
-        ClassifyRequest::from_json(h, body, &limits())
+        ClassifyRequest::from_json(h, body, &server())
     }
 
     #[test]
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn every_door_gets_the_same_caps() {
-        let (l, d) = (limits(), Duration::from_millis(5));
+        let (l, d) = (server(), Duration::from_millis(5));
         let many: Map<String, Value> = (0..3).map(|i| (format!("k{i}"), Value::from(i))).collect();
         assert_eq!(field_of(ClassifyRequest::new("a".into(), many, None, d, &l)).0, "features");
         let long_tenant = Some("t".repeat(MAX_TENANT_BYTES + 1));

@@ -380,7 +380,7 @@ fn one_record_builder_and_one_record_site_per_front_door() {
     let expect = |kind: &str, files: &[&str]| {
         assert_eq!(found.get(kind).cloned().unwrap_or_default(), files, "{kind} call sites");
     };
-    expect("Draft::new", &["src/gateway/audit.rs", "src/proxy/guard/mod.rs"]);
+    expect("Draft::new", &["src/gateway/audit.rs", "src/proxy/stream_guard/mod.rs"]);
     // The proxy's pipeline records through its port, which passes the call to the gateway.
     expect("record", &["src/ingress/endpoints.rs", "src/proxy/pipeline.rs", "src/proxy/port.rs"]);
     expect("record_detached", &["src/gateway/shadow.rs"]);

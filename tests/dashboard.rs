@@ -79,7 +79,7 @@ async fn every_metric_the_dashboard_names_is_exported() {
     c.gpu.onnx.dir = repo().join("models");
     c.gpu.onnx.provider = Provider::Cpu;
     c.gpu.onnx.intra_threads = 1;
-    c.signals.gpu_interval_ms = 20;
+    c.readings.gpu_interval_ms = 20;
     c.drift.interval_ms = 50;
     c.drift.min_window = 1;
     let sources =

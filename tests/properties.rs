@@ -72,15 +72,15 @@ fn request_headers() -> impl Strategy<Value = HeaderMap> {
 fn check_answer(
     answer: Result<ClassifyRequest, ApiError>,
     body: Option<&Value>,
-    limits: &ServerConfig,
+    server: &ServerConfig,
 ) -> Result<(), TestCaseError> {
     match answer {
         Ok(r) => {
-            prop_assert!(!r.text.trim().is_empty() && r.text.len() <= limits.max_text_bytes, "text {:?}", r.text);
-            prop_assert!(r.features.len() <= limits.max_features, "{} features", r.features.len());
+            prop_assert!(!r.text.trim().is_empty() && r.text.len() <= server.max_text_bytes, "text {:?}", r.text);
+            prop_assert!(r.features.len() <= server.max_features, "{} features", r.features.len());
             prop_assert!(!r.tenant.as_ref().is_some_and(|t| t.len() > MAX_TENANT_BYTES), "tenant {:?}", r.tenant);
             let ms = r.deadline.as_millis() as u64;
-            prop_assert!((1..=limits.max_deadline_ms).contains(&ms) || ms == limits.default_deadline_ms, "{ms} ms");
+            prop_assert!((1..=server.max_deadline_ms).contains(&ms) || ms == server.default_deadline_ms, "{ms} ms");
         }
         Err(e) => {
             prop_assert!(e.status().is_client_error(), "{e:?} is {}", e.status());
@@ -100,16 +100,16 @@ proptest! {
 
     #[test]
     fn any_bytes_give_a_request_within_limits_or_a_client_error(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-        let limits = ServerConfig::default();
+        let server = ServerConfig::default();
         let body = serde_json::from_slice::<Value>(&bytes).ok();
-        check_answer(ClassifyRequest::from_json(&HeaderMap::new(), &bytes, &limits), body.as_ref(), &limits)?;
+        check_answer(ClassifyRequest::from_json(&HeaderMap::new(), &bytes, &server), body.as_ref(), &server)?;
     }
 
     #[test]
     fn any_json_value_gives_a_request_within_limits_or_a_named_field(body in json_value(), h in request_headers()) {
-        let limits = small_limits();
+        let server = small_limits();
         let bytes = serde_json::to_vec(&body).unwrap();
-        check_answer(ClassifyRequest::from_json(&h, &bytes, &limits), Some(&body), &limits)?;
+        check_answer(ClassifyRequest::from_json(&h, &bytes, &server), Some(&body), &server)?;
     }
 
     #[test]
@@ -117,9 +117,9 @@ proptest! {
         body in classify_body(),
         h in request_headers(),
     ) {
-        let limits = small_limits();
+        let server = small_limits();
         let bytes = serde_json::to_vec(&body).unwrap();
-        check_answer(ClassifyRequest::from_json(&h, &bytes, &limits), Some(&body), &limits)?;
+        check_answer(ClassifyRequest::from_json(&h, &bytes, &server), Some(&body), &server)?;
     }
 }
 

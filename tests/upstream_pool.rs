@@ -11,18 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tiergate::breaker::CircuitState;
 use tiergate::policy::{Policy, PromptSpec};
-use tiergate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use tiergate::select::{CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot};
 use tiergate::tier::gpu::upstream::{self, UpstreamConfig, UpstreamPool};
 use tiergate::tier::gpu::GpuTier;
 use tiergate::tier::{GpuConfig, TierError};
 use tokio::time::Instant;
 
 /// Load as routing sees it with the gpu tier free in every respect but the KV cache.
-fn gpu_snapshot() -> SignalsSnapshot {
-    SignalsSnapshot {
+fn gpu_snapshot() -> LoadSnapshot {
+    LoadSnapshot {
         tenant: Default::default(),
-        cpu: CpuSignals { utilization: None, queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
-        gpu: GpuSignals {
+        cpu: CpuLoad { utilization: None, queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
+        gpu: GpuLoad {
             unavailable: None,
             memory: GpuMemory::NotPresent("upstream servers".into()),
             utilization: None,

@@ -13,7 +13,7 @@ use crate::metrics::{Metrics, ReasonLabels, RuleLabels, TierLabels};
 use crate::policy::{ActionThresholds, Policy, Scenario};
 use crate::request::ClassifyRequest;
 use crate::rules::{ModelView, RulesInput, TextFacts};
-use crate::select::{Fallback, Ineligible, Recovery, Route, Router, SignalsSnapshot, Stage, Start};
+use crate::select::{Fallback, Ineligible, LoadSnapshot, Recovery, Route, Router, Stage, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
 use crate::tier::gpu::GpuTier;
@@ -154,14 +154,14 @@ impl Tiers<'_> {
 /// What the gateway measured of a request once before the cascade: its canonical text and
 /// language, and how hard it is.
 #[derive(Debug, Clone)]
-pub struct Rating {
+pub struct Assessment {
     /// What the rules read of the text, the canonical text the models read among it (the
     /// request's own `text` is kept for the app and the audit); its language is detected by the
     /// cpu worker when the request gets there, else by the first stage that reads it.
     pub facts: TextFacts,
     pub stats: TextStats,
     pub complexity: Complexity,
-    /// The cpu model's input, when rating tokenised the text (it travels with the cpu job).
+    /// The cpu model's input, when assessment tokenised the text (it travels with the cpu job).
     pub encoded: Option<Encoded>,
 }
 
@@ -171,7 +171,7 @@ pub struct Inputs<'a> {
     /// The scenario the request named (`None`: the policy as written): its thresholds and rules.
     pub scenario: Option<&'a Scenario>,
     pub req: &'a ClassifyRequest,
-    pub snapshot: &'a SignalsSnapshot,
+    pub snapshot: &'a LoadSnapshot,
     pub started: Instant,
 }
 
@@ -201,9 +201,13 @@ enum Then {
 /// Runs the cascade: start where routing says, then stage after stage until a verdict stands
 /// or rules decide; then the guards. Errors only with `Shed` (both model tiers saturated,
 /// policy says shed).
-pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(Decision, Option<Explain>), ApiError> {
-    let (router, start) = Router::start(&rating.complexity, x.policy, x.snapshot, x.req.deadline);
-    let mut run = Run { metrics: tiers.metrics(), path: Vec::with_capacity(4), model: None, router, rating };
+pub async fn run(
+    x: &Inputs<'_>,
+    assessment: Assessment,
+    tiers: &Tiers<'_>,
+) -> Result<(Decision, Option<Explain>), ApiError> {
+    let (router, start) = Router::start(&assessment.complexity, x.policy, x.snapshot, x.req.deadline);
+    let mut run = Run { metrics: tiers.metrics(), path: Vec::with_capacity(4), model: None, router, assessment };
     let mut stage = start.stage;
     let mut decision = loop {
         let then = match stage {
@@ -228,9 +232,9 @@ pub async fn run(x: &Inputs<'_>, rating: Rating, tiers: &Tiers<'_>) -> Result<(D
             || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
     let explain = x.req.explain.then(|| Explain {
-        complexity: run.rating.complexity,
-        stats: run.rating.stats,
-        language: *run.rating.facts.lang.get(),
+        complexity: run.assessment.complexity,
+        stats: run.assessment.stats,
+        language: *run.assessment.facts.lang.get(),
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),
@@ -248,27 +252,28 @@ struct Run<'a> {
     model: Option<ModelView>,
     /// What routing keeps between stages; asked once per stage.
     router: Router<'a>,
-    /// The rating; its complexity gains the cpu tier's OOD score once known, and its encoding
+    /// The assessment; its complexity gains the cpu tier's OOD score once known, and its encoding
     /// goes to the cpu tier.
-    rating: Rating,
+    assessment: Assessment,
 }
 
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         let t = Instant::now();
-        let prepared = Prepared { encoded: self.rating.encoded.take(), lang: Some(self.rating.facts.lang.clone()) };
-        let result = tiers.cpu(&self.rating.facts.text, prepared, x.deadline()).await;
+        let prepared =
+            Prepared { encoded: self.assessment.encoded.take(), lang: Some(self.assessment.facts.lang.clone()) };
+        let result = tiers.cpu(&self.assessment.facts.text, prepared, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us);
         if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
-            self.rating.complexity = self.rating.complexity.with_ood(&x.policy.complexity, ood);
+            self.assessment.complexity = self.assessment.complexity.with_ood(&x.policy.complexity, ood);
         }
         self.follow(TierName::Cpu, result, us, x)
     }
 
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         let t = Instant::now();
-        let result = tiers.gpu(x.policy, &self.rating.facts.text, x.deadline()).await;
+        let result = tiers.gpu(x.policy, &self.assessment.facts.text, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Gpu, us);
         self.follow(TierName::Gpu, result, us, x)
@@ -277,7 +282,8 @@ impl Run<'_> {
     /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
     /// writes the path accordingly.
     fn follow(&mut self, tier: TierName, result: Result<ModelVerdict, TierError>, us: u64, x: &Inputs<'_>) -> Then {
-        let (lang, complexity, remaining) = (self.rating.facts.lang.get(), &self.rating.complexity, x.remaining());
+        let (lang, complexity, remaining) =
+            (self.assessment.facts.lang.get(), &self.assessment.complexity, x.remaining());
         match result {
             Ok(v) => {
                 let route = self.router.after_verdict(tier, &v, lang, complexity, remaining);
@@ -377,7 +383,7 @@ impl Run<'_> {
     /// What the rules and guards see: the canonical text and its facts, the request's features
     /// and tenant, the model view.
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
-        self.rating.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model)
+        self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model)
     }
 
     /// The rules stage: never fails, never waits. A rule that errors is counted and logged.

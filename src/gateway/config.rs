@@ -3,19 +3,19 @@
 //! section the gateway starts from, borrowed from the loaded config.
 
 use crate::policy::PoliciesConfig;
-use crate::signals::SignalsConfig;
+use crate::readings::ReadingsConfig;
 use crate::tier::{GpuConfig, ModelConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 
-/// What [`super::Gateway::start`] needs: the model, gpu, policy, signals, admission, shadow,
+/// What [`super::Gateway::start`] needs: the model, gpu, policy, load readings, admission, shadow,
 /// audit and drift sections, and the policy directories that proxy routes name.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig<'a> {
     pub model: &'a ModelConfig,
     pub gpu: &'a GpuConfig,
     pub policies: &'a PoliciesConfig,
-    pub signals: &'a SignalsConfig,
+    pub readings: &'a ReadingsConfig,
     pub admission: &'a AdmissionConfig,
     /// `[tenants]`: identity sources, known tenants, classes and their limits.
     pub tenants: &'a crate::tenant::TenantsConfig,

@@ -6,7 +6,7 @@ use super::shadow_model::ShadowModel;
 use super::{Gateway, GatewayConfig, Sources};
 use crate::metrics::{Metrics, ReloadLabels};
 use crate::policy::{Policy, PolicyError, PolicyStore};
-use crate::signals::SignalsHub;
+use crate::readings::ReadingsHub;
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::Tenants;
 use crate::tier::gpu::GpuTier;
@@ -44,8 +44,8 @@ impl Gateway {
         }
         let shared_quotas = config.tenants.redis.clone();
         let tenants = Arc::new(Tenants::new(config.tenants, config.admission.quota()));
-        let signals = SignalsHub::new(config.signals);
-        signals.spawn_samplers(config.signals, sources.cpu, sources.gpu);
+        let readings = ReadingsHub::new(config.readings);
+        readings.spawn_samplers(config.readings, sources.cpu, sources.gpu);
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
         let tenant_metrics = TenantMetrics::register(metrics.registry_mut());
@@ -75,7 +75,7 @@ impl Gateway {
                 .map(|(dir, p)| (dir, PolicyStore::within(p, config.limits)))
                 .collect(),
             metrics,
-            signals,
+            readings,
             tenants,
             quotas,
             tenant_metrics,
@@ -90,7 +90,7 @@ impl Gateway {
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;
         }
-        let every = Duration::from_millis(config.signals.cpu_interval_ms.max(10));
+        let every = Duration::from_millis(config.readings.cpu_interval_ms.max(10));
         tokio::spawn(housekeeping(Arc::downgrade(&gateway), every));
         Ok(gateway)
     }

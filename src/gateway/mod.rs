@@ -1,11 +1,11 @@
-//! The gateway: one request through admission, complexity rating and the confidence cascade
+//! The gateway: one request through admission, complexity assessment and the confidence cascade
 //! (cpu -> gpu -> rules, in the order routing picks), with a shadow policy on the side.
 //!
 //! A decision is always produced unless the policy says to shed: a tier that is unsure, out of
 //! its domain, overloaded, failing, circuit-broken or out of time hands over to the next stage,
 //! and the rules engine never fails. Every stage tried lands in `path` with its outcome and reason.
 //!
-//! Files by concern: this one (the orchestrator: scenario, admission, rating, snapshot,
+//! Files by concern: this one (the orchestrator: scenario, admission, assessment, snapshot,
 //! finishing), [`cascade`] (the stage loop), [`shadow`] (the candidate policy replayed beside the
 //! live one), [`ab`] (the candidate deciding a share of live traffic, and its rollback),
 //! `lifecycle` (start, reload, watchers, housekeeping), `audit` (each decision's audit record),
@@ -30,11 +30,11 @@ use crate::decision::{Arm, Decision, Explain, Subject, TierName};
 use crate::error::ApiError;
 use crate::metrics::{DecisionLabels, Metrics, StepLabels};
 use crate::policy::{Policy, PolicyStore};
+use crate::readings::cpu::{CpuSource, ProcStat};
+use crate::readings::gpu::{CudaDriver, GpuSource};
+use crate::readings::{Readings, ReadingsHub};
 use crate::request::ClassifyRequest;
-use crate::select::{self, Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
-use crate::signals::cpu::{CpuSource, ProcStat};
-use crate::signals::gpu::{CudaDriver, GpuSource};
-use crate::signals::{Readings, SignalsHub};
+use crate::select::{self, Below, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
 use crate::tenant::{Identity, Limit, QuotaStore, Tenants};
@@ -42,7 +42,7 @@ use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;
 use crate::tier::TierLoad;
-use cascade::{Inputs, LiveTiers, Rating, Recorded, Tiers};
+use cascade::{Assessment, Inputs, LiveTiers, Recorded, Tiers};
 use shadow::Shadow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,7 @@ pub struct Gateway {
     /// reloaded like the live one.
     pub route_policies: BTreeMap<PathBuf, PolicyStore>,
     pub metrics: Metrics,
-    pub signals: Arc<SignalsHub>,
+    pub readings: Arc<ReadingsHub>,
     /// `[tenants]`: resolves who a request is for (the front doors call
     /// [`ClassifyRequest::identify`] with it) and holds each limit key's gpu slots.
     pub tenants: Arc<Tenants>,
@@ -100,8 +100,8 @@ impl Gateway {
 
     /// One consistent view of load for routing, as of `now`, with the hysteresis state of
     /// `policy`'s gpu limits.
-    pub fn snapshot(&self, now: Instant, policy: &Policy) -> SignalsSnapshot {
-        let Readings { cpu_utilization, gpu_devices, gpu_stale } = self.signals.readings(now);
+    pub fn snapshot(&self, now: Instant, policy: &Policy) -> LoadSnapshot {
+        let Readings { cpu_utilization, gpu_devices, gpu_stale } = self.readings.at(now);
         let memory = match &gpu_devices {
             Err(reason) => GpuMemory::NotPresent(reason.clone()),
             Ok(_) if gpu_stale => GpuMemory::Unknown,
@@ -110,7 +110,7 @@ impl Gateway {
         };
         let utilization =
             gpu_devices.as_ref().ok().and_then(|d| d.iter().filter_map(|d| d.utilization).reduce(f64::max));
-        let cpu = CpuSignals {
+        let cpu = CpuLoad {
             utilization: cpu_utilization,
             queue_depth: self.cpu.queue_depth(),
             in_flight: self.cpu.in_flight(),
@@ -118,7 +118,7 @@ impl Gateway {
             queue_wait_us: self.cpu.queue_wait_us(),
         };
         let gpu = match &self.gpu {
-            None => GpuSignals {
+            None => GpuLoad {
                 unavailable: Some(match &memory {
                     GpuMemory::NotPresent(why) => format!("no gpu tier configured (gpu.backend = \"none\"); {why}"),
                     _ => "no gpu tier configured (gpu.backend = \"none\")".into(),
@@ -136,7 +136,7 @@ impl Gateway {
             },
             Some(g) => {
                 let TierLoad { kv_cache, endpoints_available, queue_wait_us } = g.load();
-                GpuSignals {
+                GpuLoad {
                     unavailable: None,
                     memory,
                     utilization,
@@ -153,7 +153,7 @@ impl Gateway {
         };
         // The limits' hysteresis: what this snapshot is below is the next one's `was_below`.
         *self.gpu_below.lock().unwrap_or_else(|e| e.into_inner()) = select::gpu_below(&gpu, &policy.gpu);
-        SignalsSnapshot { cpu, gpu, tenant: TenantSignals::default() }
+        LoadSnapshot { cpu, gpu, tenant: TenantLoad::default() }
     }
 
     /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
@@ -225,7 +225,7 @@ impl Gateway {
         }
         let identity = self.admit(&req).await?;
         let mut snapshot = self.snapshot(started, &policy);
-        snapshot.tenant = tenant_signals(&identity);
+        snapshot.tenant = tenant_load(&identity);
         if let (None, Err(why)) =
             (&snapshot.gpu.unavailable, select::tenant_gpu_eligibility(&snapshot.tenant, policy.gpu.max_in_flight))
         {
@@ -240,11 +240,11 @@ impl Gateway {
             tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
         });
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
-        let rating = self.rate(&policy, &req, &snapshot);
-        let canonical = Arc::clone(&rating.facts.text);
+        let assessment = self.assess(&policy, &req, &snapshot);
+        let canonical = Arc::clone(&assessment.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
-        let lang = rating.facts.lang.clone();
-        let (decision, mut explain) = cascade::run(&inputs, rating, &tiers).await?;
+        let lang = assessment.facts.lang.clone();
+        let (decision, mut explain) = cascade::run(&inputs, assessment, &tiers).await?;
         if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
             if decision.path[0].tier == TierName::Cpu {
                 e.attributions = self.attributions(&canonical, risk, std::time::Duration::from_secs(2)).await;
@@ -311,10 +311,10 @@ impl Gateway {
     ///
     /// Complexity only steers a request between the two model tiers, so tokens are counted with
     /// the real tokenizer (and the encoding kept for the cpu tier) only where a gpu tier exists
-    /// or the caller asked to see the rating; otherwise they are the word count (a lower bound)
+    /// or the caller asked to see the complexity (`explain`); otherwise they are the word count (a lower bound)
     /// and the cpu worker tokenises — off the async runtime, and never for a request that
     /// admission sends past the cpu tier.
-    fn rate(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &SignalsSnapshot) -> Rating {
+    fn assess(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &LoadSnapshot) -> Assessment {
         let facts = policy.rules.read(&req.text);
         let spec = &policy.complexity;
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
@@ -326,8 +326,8 @@ impl Gateway {
         stats.tokens = tokens.count;
         stats.signal_hits = facts.signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
-        let complexity = complexity::rate(&stats, spec);
-        Rating { facts, stats, complexity, encoded: tokens.encoded }
+        let complexity = complexity::assess(&stats, spec);
+        Assessment { facts, stats, complexity, encoded: tokens.encoded }
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.
@@ -374,10 +374,10 @@ impl Gateway {
 
 /// What routing knows of `identity`'s tenant now: its gpu slots held, its class's share,
 /// whether its daily gpu budget is known spent.
-pub fn tenant_signals(identity: &Identity) -> TenantSignals {
+pub fn tenant_load(identity: &Identity) -> TenantLoad {
     let state = &identity.state;
     let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-    TenantSignals {
+    TenantLoad {
         tenant: state.label.clone(),
         gpu_in_flight: state.gpu.in_flight(),
         gpu_share: state.class.gpu_share,

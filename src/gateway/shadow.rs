@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::metrics::KindLabels;
 use crate::policy::{Limits, Policy, PolicyStore};
 use crate::request::ClassifyRequest;
-use crate::select::SignalsSnapshot;
+use crate::select::LoadSnapshot;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
@@ -88,7 +88,7 @@ impl Shadow {
         &self,
         g: &Gateway,
         req: &ClassifyRequest,
-        snapshot: &SignalsSnapshot,
+        snapshot: &LoadSnapshot,
         recorded: &Recorded,
         live: &Decision,
     ) -> Option<Decision> {
@@ -97,7 +97,7 @@ impl Shadow {
         let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
         let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
         let (mut candidate, _) =
-            cascade::run(&inputs, g.rate(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
+            cascade::run(&inputs, g.assess(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
         candidate.scenario = scenario.map(|s| s.name.clone());

@@ -1,6 +1,6 @@
 //! The cascade loop from replayed tier verdicts: no model, no server, no clock tricks.
 
-use super::cascade::{self, Inputs, Rating, Recorded, Tiers};
+use super::cascade::{self, Assessment, Inputs, Recorded, Tiers};
 use crate::action::Action;
 use crate::breaker::CircuitState;
 use crate::complexity::{Complexity, TextStats};
@@ -8,7 +8,7 @@ use crate::decision::{Decision, Outcome, TierName};
 use crate::error::ApiError;
 use crate::policy::Policy;
 use crate::request::ClassifyRequest;
-use crate::select::{CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot};
+use crate::select::{CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot};
 use crate::text::LanguageCell;
 use crate::tier::{ModelVerdict, TierError};
 use crate::web::ServerConfig;
@@ -44,11 +44,11 @@ fn policy(extra: &str) -> Policy {
 }
 
 /// Load as routing sees it; `gpu`: whether a gpu tier exists.
-fn snapshot(gpu: bool) -> SignalsSnapshot {
-    SignalsSnapshot {
+fn snapshot(gpu: bool) -> LoadSnapshot {
+    LoadSnapshot {
         tenant: Default::default(),
-        cpu: CpuSignals { utilization: Some(0.2), queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
-        gpu: GpuSignals {
+        cpu: CpuLoad { utilization: Some(0.2), queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
+        gpu: GpuLoad {
             unavailable: (!gpu).then(|| "no gpu tier configured".to_string()),
             memory: GpuMemory::FreeMb(40_000),
             utilization: None,
@@ -99,7 +99,7 @@ fn request(text: &str, features: serde_json::Value, tenant: Option<&str>) -> Cla
 async fn replay(
     policy: &Policy,
     req: ClassifyRequest,
-    snapshot: SignalsSnapshot,
+    snapshot: LoadSnapshot,
     recorded: Recorded,
 ) -> Result<Decision, ApiError> {
     replay_in(policy, None, req, snapshot, recorded).await
@@ -110,20 +110,20 @@ async fn replay_in(
     policy: &Policy,
     scenario: Option<&str>,
     req: ClassifyRequest,
-    snapshot: SignalsSnapshot,
+    snapshot: LoadSnapshot,
     recorded: Recorded,
 ) -> Result<Decision, ApiError> {
     let scenario = policy.scenario(scenario).expect("the test's scenario is defined");
     let mut facts = policy.rules.read(&req.text);
     facts.lang = LanguageCell::known(facts.text.clone(), english());
-    let rating = Rating {
+    let assessment = Assessment {
         facts,
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         encoded: None,
     };
     let inputs = Inputs { policy, scenario, req: &req, snapshot: &snapshot, started: Instant::now() };
-    cascade::run(&inputs, rating, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
+    cascade::run(&inputs, assessment, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
 }
 
 fn english() -> crate::text::Language {

@@ -13,7 +13,7 @@ pub struct App {
     pub gateway: Arc<Gateway>,
     /// The gateway as the proxy's routes reach it.
     pub port: Port,
-    pub limits: ServerConfig,
+    pub server: ServerConfig,
     pub role: Role,
 }
 
@@ -30,12 +30,12 @@ impl App {
         let admin = App {
             port: Port::from(Arc::clone(&gateway)),
             gateway: Arc::clone(&gateway),
-            limits: server.clone(),
+            server: server.clone(),
             role: Role::Admin { token: admin_config.token.clone(), proxy: proxy.clone() },
         };
         let views = admin_config.public_views();
         let port = Port::from(Arc::clone(&gateway));
-        (App { gateway, port, limits: server.clone(), role: Role::Public { proxy, views } }, admin)
+        (App { gateway, port, server: server.clone(), role: Role::Public { proxy, views } }, admin)
     }
 }
 

@@ -68,8 +68,8 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
 async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     let (parts, body) = req.into_parts();
     web::require_json(&parts.headers)?;
-    let bytes = web::read_body(&parts.headers, body, app.limits.max_body_bytes).await?;
-    let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.limits)?;
+    let bytes = web::read_body(&parts.headers, body, app.server.max_body_bytes).await?;
+    let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.server)?;
     request.identify(&app.gateway.tenants, &parts.headers, None)?;
     request.explain = request::explain_flag(parts.uri.query())?;
     if request.explain && matches!(app.role, Role::Public { views, .. } if !views.explain) {
@@ -152,7 +152,7 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
     let cpu_ready = g.cpu.workers_alive() > 0;
     let now = tokio::time::Instant::now();
     let snapshot = g.snapshot(now, &policy);
-    let readings = g.signals.readings(now);
+    let readings = g.readings.at(now);
     let gpu = match (&g.gpu, &snapshot.gpu.unavailable) {
         (None, reason) => json!({"status": "unavailable", "backend": g.gpu_backend(), "reason": reason}),
         (Some(tier), _) => {
@@ -210,7 +210,7 @@ fn metrics(app: &App) -> Response<Full<Bytes>> {
     }
     m.gpu_in_flight.set(s.gpu.in_flight as i64);
     m.gpu_circuit_open.set((s.gpu.circuit == CircuitState::Open) as i64);
-    if let Ok(devices) = g.signals.readings(now).gpu_devices {
+    if let Ok(devices) = g.readings.at(now).gpu_devices {
         for d in devices {
             let device = crate::metrics::DeviceLabels { device: d.ordinal as u32 };
             m.gpu_free_bytes.get_or_create(&device).set(d.free_bytes as i64);

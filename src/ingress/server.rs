@@ -25,21 +25,21 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
-/// requests finish for up to `limits.shutdown_grace_ms`. Each connection is closed when it has
+/// requests finish for up to `server.shutdown_grace_ms`. Each connection is closed when it has
 /// been quiet too long (`header_read_timeout_ms` before its first request, `idle_timeout_ms`
 /// after one: [`conn`]).
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
-    let limits = app.limits.clone();
+    let server = app.server.clone();
     let shared = Arc::new(Shared {
-        builder: connection_builder(&limits),
-        requests: Arc::new(Semaphore::new(limits.max_concurrent_requests.max(1))),
+        builder: connection_builder(&server),
+        requests: Arc::new(Semaphore::new(server.max_concurrent_requests.max(1))),
         // `true` tells every connection to finish; `closed()` says they all have.
         stop: watch::channel(false).0,
-        first: Duration::from_millis(limits.header_read_timeout_ms),
-        idle: Duration::from_millis(limits.idle_timeout_ms),
+        first: Duration::from_millis(server.header_read_timeout_ms),
+        idle: Duration::from_millis(server.idle_timeout_ms),
         app,
     });
-    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let connections = Arc::new(Semaphore::new(server.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
         // Waits here, not in accept, while the listener is at max_connections.
@@ -64,8 +64,8 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     shared.stop.send_replace(true);
     tokio::select! {
         _ = shared.stop.closed() => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(Duration::from_millis(limits.shutdown_grace_ms)) => {
-            tracing::warn!(grace_ms = limits.shutdown_grace_ms, "grace period over; closing remaining connections");
+        _ = tokio::time::sleep(Duration::from_millis(server.shutdown_grace_ms)) => {
+            tracing::warn!(grace_ms = server.shutdown_grace_ms, "grace period over; closing remaining connections");
         }
     }
     Ok(())
@@ -87,20 +87,20 @@ struct Shared {
 /// hyper's HTTP/1 and HTTP/2 settings from `[server]`: the HTTP/1 head's timeout and size, the
 /// HTTP/2 header list's size, and HTTP/2 keep-alive pings (a peer that stops answering them is
 /// gone, whatever its socket says).
-fn connection_builder(limits: &ServerConfig) -> auto::Builder<TokioExecutor> {
+fn connection_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+        .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
         // hyper answers 431 when the head does not fit its read buffer (8 KiB at least).
-        .max_buf_size(limits.max_header_bytes.max(8192));
+        .max_buf_size(server.max_header_bytes.max(8192));
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32)
-        .keep_alive_interval(Duration::from_millis(limits.http2_keep_alive_interval_ms))
-        .keep_alive_timeout(Duration::from_millis(limits.http2_keep_alive_timeout_ms));
+        .max_header_list_size(server.max_header_bytes.min(u32::MAX as usize) as u32)
+        .keep_alive_interval(Duration::from_millis(server.http2_keep_alive_interval_ms))
+        .keep_alive_timeout(Duration::from_millis(server.http2_keep_alive_timeout_ms));
     builder
 }
 
@@ -148,7 +148,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, p
 /// The answer to a request over `[server] max_concurrent_requests`: 503 at once with
 /// `Connection: close`.
 fn at_capacity(app: &App) -> Response<BoxBody> {
-    let limit = app.limits.max_concurrent_requests;
+    let limit = app.server.max_concurrent_requests;
     let reason = format!("the server is handling its maximum of {limit} requests at once (max_concurrent_requests)");
     let mut response = boxed(ApiError::Shed { reason, retry_after_s: 1 }.into_response());
     // The request's body is never read, so the connection cannot carry another request: say so,
@@ -173,10 +173,10 @@ async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxB
     if let Role::Public { proxy: Some(proxy), .. } = &app.role {
         crate::proxy::normalize::request(&mut req)?;
         if let Some(route) = proxy.route(&req) {
-            return proxy.handle(&app.port, &app.limits, route, req).await;
+            return proxy.handle(&app.port, &app.server, route, req).await;
         }
     }
-    let timeout_ms = app.limits.request_timeout_ms;
+    let timeout_ms = app.server.request_timeout_ms;
     match tokio::time::timeout(Duration::from_millis(timeout_ms), endpoints::serve(app, req)).await {
         Ok(response) => Ok(boxed(response?)),
         Err(_) => Err(ApiError::Timeout { timeout_ms }),

@@ -7,7 +7,7 @@ use super::headers::{append_via, prepare_request_headers, request_host_header, s
 use super::port::{Handled, Port};
 use super::route::{AppAddr, HostHeader, Route};
 use super::screen::Outgoing;
-use super::{guard, Proxy, Screening};
+use super::{stream_guard, Proxy, Screening};
 use crate::error::{error_chain, ApiError};
 use crate::metrics::RouteLabels;
 use crate::web::{empty, full, headers, BoxBody, BoxError, IdleTimeout};
@@ -44,7 +44,7 @@ impl Proxy {
         screened: Option<&Screening>,
     ) -> Result<Response<BoxBody>, ApiError> {
         // For a cut's audit record: the id the decision carries (set by the request-id layer).
-        let request_id = (route.guard.is_some() && port.audits()).then(|| {
+        let request_id = (route.stream_guard.is_some() && port.audits()).then(|| {
             parts.headers.get(headers::REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
         });
         let original_host = self.prepare_request(port, route, &mut parts, screened);
@@ -125,7 +125,7 @@ impl Proxy {
         port.tenants().strip_credentials(&mut parts.headers);
         let original_host = request_host_header(parts);
         prepare_request_headers(parts, self.via.as_deref(), self.trust_forwarded, screened);
-        if route.guard.is_some() {
+        if route.stream_guard.is_some() {
             // The guard reads the app's text as it flows: ask for it uncompressed.
             parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
@@ -180,9 +180,9 @@ impl Proxy {
             parts.headers.insert(headers::ACTION, HeaderValue::from_static(d.action.as_str()));
         }
         let body = BoxBody::new(IdleTimeout::new(body, route.body_idle_timeout, "the app's response body"));
-        let body = match &route.guard {
+        let body = match &route.stream_guard {
             // A HEAD response has no body to read, and keeps its Content-Length.
-            Some(guard) if !head && guard::applies(&parts.headers) => {
+            Some(config) if !head && stream_guard::applies(&parts.headers) => {
                 // The guard may end the stream early: the app's length no longer holds.
                 parts.headers.remove(header::CONTENT_LENGTH);
                 let policy = route.screen.as_ref().and_then(|s| s.config.policy.as_deref());
@@ -191,17 +191,17 @@ impl Proxy {
                     _ => None,
                 };
                 let audit = request_id.and_then(|id| port.cut_audit(id, tenant));
-                guard::spawn(
+                stream_guard::spawn(
                     port.policy(policy),
                     port.stream_counter().clone(),
                     route.name.clone(),
-                    guard.clone(),
+                    config.clone(),
                     &parts.headers,
                     body,
                     audit,
                 )
             }
-            Some(_) if guard::encoded(&parts.headers) => {
+            Some(_) if stream_guard::encoded(&parts.headers) => {
                 // Asked for identity coding and got a compressed body anyway: it passes unread.
                 tracing::warn!(route = %route.name, "compressed response on a guarded route; not screened");
                 let labels = RouteLabels { route: route.name.clone(), outcome: "unreadable" };

@@ -31,19 +31,19 @@ pub struct TierGateLayer {
 
 struct Shared {
     port: Port,
-    limits: ServerConfig,
+    server: ServerConfig,
     screen: Screen,
     /// The label in `tiergate_proxy_requests_total{route}` and logs.
     name: String,
 }
 
 impl TierGateLayer {
-    /// `screen` is a route's `[routes.screen]` section; `limits` gives the text limit, the default
+    /// `screen` is a route's `[routes.screen]` section; `server` gives the text limit, the default
     /// deadline and the body-read timeout. Errors name the bad source, or a `policy` directory
     /// the gateway did not load.
     pub fn new(
         gateway: impl Into<Port>,
-        limits: ServerConfig,
+        server: ServerConfig,
         name: impl Into<String>,
         screen: &super::config::ScreenConfig,
     ) -> Result<Self, String> {
@@ -60,7 +60,7 @@ impl TierGateLayer {
             }
         }
         let screen = Screen::new(screen)?;
-        Ok(TierGateLayer { shared: Arc::new(Shared { port, limits, screen, name: name.into() }) })
+        Ok(TierGateLayer { shared: Arc::new(Shared { port, server, screen, name: name.into() }) })
     }
 }
 
@@ -90,7 +90,7 @@ where
             id
         }
     };
-    let door = Door { port: &shared.port, name: &shared.name, screen: &shared.screen, limits: &shared.limits };
+    let door = Door { port: &shared.port, name: &shared.name, screen: &shared.screen, server: &shared.server };
     let (screening, outgoing) = pipeline::screen(&door, &parts, body, &request_id).await?;
     // Counted as a proxied route counts what it forwards, so that `outcome` adds up to every
     // request the layer saw (blocked and refused ones are counted by the pipeline).

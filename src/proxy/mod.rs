@@ -19,7 +19,6 @@
 
 pub mod config;
 mod forward;
-pub mod guard;
 pub mod headers;
 pub mod layer;
 pub mod normalize;
@@ -27,6 +26,7 @@ pub mod pipeline;
 pub mod port;
 pub mod route;
 pub mod screen;
+pub mod stream_guard;
 
 use crate::error::ApiError;
 use crate::web::{headers as names, BoxBody, ServerConfig};
@@ -130,7 +130,7 @@ impl Proxy {
     pub async fn handle(
         &self,
         port: &Port,
-        limits: &ServerConfig,
+        server: &ServerConfig,
         route: &Route,
         req: Request<Incoming>,
     ) -> Result<Response<BoxBody>, ApiError> {
@@ -146,7 +146,7 @@ impl Proxy {
                 return self.forward(port, route, parts, Outgoing::Stream(body), None).await;
             };
             let request_id = headers::header_str(&parts.headers, names::REQUEST_ID).unwrap_or_default().to_string();
-            let door = Door { port, name: &route.name, screen, limits };
+            let door = Door { port, name: &route.name, screen, server };
             let (screening, outgoing) = pipeline::screen(&door, &parts, body, &request_id).await?;
             self.forward(port, route, parts, outgoing, Some(&screening)).await
         };

@@ -47,7 +47,7 @@ pub struct Door<'a> {
     pub port: &'a Port,
     pub name: &'a str,
     pub screen: &'a Screen,
-    pub limits: &'a ServerConfig,
+    pub server: &'a ServerConfig,
 }
 
 /// Runs the four phases over one request: `Ok` with what screening concluded and the body to
@@ -62,7 +62,7 @@ where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let (request, outgoing) = screen::read(door.port.tenants(), door.limits, door.screen, parts, body).await;
+    let (request, outgoing) = screen::read(door.port.tenants(), door.server, door.screen, parts, body).await;
     let broken = matches!(outgoing, Outgoing::Broken);
     let policy = door.screen.config.policy.as_deref();
     let outcome = match request {

@@ -3,7 +3,7 @@
 //! [`Gateway`] only through [`Port`] (`tests/architecture.rs` checks it), so what the proxy needs
 //! of the gateway is this file's list of methods, not the gateway's fields.
 
-use super::guard::CutAudit;
+use super::stream_guard::CutAudit;
 use crate::audit::record::Event;
 use crate::decision::Decision;
 use crate::error::ApiError;

@@ -80,7 +80,7 @@ pub struct Route {
     pub(super) body_idle_timeout: Duration,
     pub(super) retries: u32,
     pub screen: Option<Screen>,
-    pub(super) guard: Option<StreamGuardConfig>,
+    pub(super) stream_guard: Option<StreamGuardConfig>,
     /// Answers 403 and forwards nothing (`refuse = true`).
     pub(super) refuse: bool,
 }
@@ -154,7 +154,7 @@ impl Route {
             retries: c.retries,
             screen,
             refuse: c.refuse,
-            guard: c.stream_guard.clone().filter(|g| g.enabled),
+            stream_guard: c.stream_guard.clone().filter(|g| g.enabled),
         })
     }
 

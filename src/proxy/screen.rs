@@ -157,7 +157,7 @@ pub enum Outgoing<B> {
 /// tenant identified), or why there is none; and the body to forward, intact whatever happened.
 pub async fn read<B>(
     tenants: &Tenants,
-    limits: &ServerConfig,
+    server: &ServerConfig,
     screen: &Screen,
     parts: &Parts,
     body: B,
@@ -167,19 +167,19 @@ where
     B::Error: std::fmt::Display,
 {
     let (json, outgoing) = if screen.reads_body {
-        match read_json(limits, screen.config.max_body_bytes, parts, body).await {
+        match read_json(server, screen.config.max_body_bytes, parts, body).await {
             (Ok(json), outgoing) => (Some(json), outgoing),
             (Err(e), outgoing) => return (Err(e), outgoing),
         }
     } else {
         (None, Outgoing::Stream(body))
     };
-    (classify_request(limits, tenants, screen, parts, json.as_ref()), outgoing)
+    (classify_request(server, tenants, screen, parts, json.as_ref()), outgoing)
 }
 
 /// Reads and parses the JSON body, keeping every byte read for forwarding.
 async fn read_json<B>(
-    limits: &ServerConfig,
+    server: &ServerConfig,
     limit: usize,
     parts: &Parts,
     body: B,
@@ -195,7 +195,7 @@ where
     if declared.is_some_and(|len| len > limit as u64) {
         return (Err(ApiError::PayloadTooLarge { limit }), Outgoing::Stream(body));
     }
-    let timeout_ms = limits.request_timeout_ms;
+    let timeout_ms = server.request_timeout_ms;
     let read = match tokio::time::timeout(Duration::from_millis(timeout_ms), read_up_to(body, limit)).await {
         Ok(read) => read,
         Err(_) => return (Err(ApiError::Timeout { timeout_ms }), Outgoing::Broken),
@@ -243,7 +243,7 @@ where
 /// The classify request the sources give, its tenant resolved as on `/v1/classify` (the route's
 /// `tenant_name` counts as a source; its claim source is read only when claims count).
 fn classify_request(
-    limits: &ServerConfig,
+    server: &ServerConfig,
     tenants: &Tenants,
     screen: &Screen,
     parts: &Parts,
@@ -274,8 +274,8 @@ fn classify_request(
         }),
         None => request::tenant_header(&parts.headers),
     };
-    let deadline = Duration::from_millis(screen.config.deadline_ms.unwrap_or(limits.default_deadline_ms));
-    let mut request = ClassifyRequest::new(text, features, claimed, deadline, limits)?;
+    let deadline = Duration::from_millis(screen.config.deadline_ms.unwrap_or(server.default_deadline_ms));
+    let mut request = ClassifyRequest::new(text, features, claimed, deadline, server)?;
     request.identify(tenants, &parts.headers, screen.config.tenant_name.as_deref())?;
     Ok(request)
 }

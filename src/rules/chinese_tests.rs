@@ -29,7 +29,7 @@ fn chinese_signals_match_both_scripts_and_chinese_digits() {
         let input = RulesInput {
             text: &c.text,
             lang: "cmn",
-            obfuscation: &c.signals,
+            obfuscation: &c.obfuscation,
             signals: &signals,
             features: &features,
             tenant: None,

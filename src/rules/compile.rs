@@ -4,7 +4,7 @@
 
 use super::spec::{DefaultVerdict, RuleSpec, SignalSpec};
 use super::{context, Rule, RuleSet, RulesInput, Signal};
-use crate::text::TextSignals;
+use crate::text::Obfuscation;
 use cel::{Env, Program, Value};
 use regex::{Regex, RegexSet};
 use std::collections::BTreeMap;
@@ -154,7 +154,7 @@ fn compile_rule(
 fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<String> {
     let zeros: BTreeMap<String, i64> = signals.iter().map(|n| (n.clone(), 0)).collect();
     let no_features = serde_json::Map::new();
-    let none = TextSignals::default();
+    let none = Obfuscation::default();
     let input = RulesInput {
         text: "",
         lang: "und",

@@ -30,7 +30,7 @@ pub use compile::{compile, RuleClasses, RuleProblem, SpecRef};
 pub use spec::{DefaultVerdict, RuleSpec, SignalSpec};
 
 use crate::action::Action;
-use crate::text::TextSignals;
+use crate::text::Obfuscation;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
 pub use read::TextFacts;
@@ -88,7 +88,7 @@ pub struct RulesInput<'a> {
     /// ISO 639-3, or "und".
     pub lang: &'a str,
     /// What canonicalisation undid.
-    pub obfuscation: &'a TextSignals,
+    pub obfuscation: &'a Obfuscation,
     /// Match counts of every signal over `text` ([`RuleSet::count_signals`], computed once per request).
     pub signals: &'a BTreeMap<String, i64>,
     pub features: &'a serde_json::Map<String, serde_json::Value>,
@@ -519,7 +519,7 @@ mod tests {
         let features =
             serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"}).as_object().cloned().unwrap();
         let signals = p.rules.count_signals("invoice 4471");
-        let none_undone = TextSignals::default();
+        let none_undone = Obfuscation::default();
         let input = RulesInput {
             text: "invoice 4471",
             lang: "eng",

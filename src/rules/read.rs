@@ -1,10 +1,10 @@
 //! The one step from a text to what the rules read of it: the canonical text, its language, what
 //! canonicalisation undid, and the policy's signal counts. A request's text (the gateway's
-//! rating) and a window of an app's stream (the proxy's stream screen) go through it alike, so
+//! assessment) and a window of an app's stream (the proxy's stream screen) go through it alike, so
 //! a rule sees the same facts of the same words wherever they come from.
 
 use super::{ModelView, RuleSet, RulesInput};
-use crate::text::{self, LanguageCell, TextSignals};
+use crate::text::{self, LanguageCell, Obfuscation};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ pub struct TextFacts {
     /// Its language, detected on first use (the cpu worker may fill it off the async runtime).
     pub lang: LanguageCell,
     /// What canonicalisation undid.
-    pub obfuscation: TextSignals,
+    pub obfuscation: Obfuscation,
     /// Match counts of every policy signal over `text` ([`RuleSet::count_signals`]).
     pub signals: BTreeMap<String, i64>,
 }
@@ -26,9 +26,9 @@ impl RuleSet {
     /// then only the patterns that matched). The language is left to detect on first use.
     pub fn read(&self, raw: &Arc<str>) -> TextFacts {
         let canonical = text::canonicalize(raw);
-        let text: Arc<str> = if canonical.signals.changed { Arc::from(canonical.text) } else { Arc::clone(raw) };
+        let text: Arc<str> = if canonical.obfuscation.changed { Arc::from(canonical.text) } else { Arc::clone(raw) };
         let signals = self.count_signals(&text);
-        TextFacts { lang: LanguageCell::new(Arc::clone(&text)), text, obfuscation: canonical.signals, signals }
+        TextFacts { lang: LanguageCell::new(Arc::clone(&text)), text, obfuscation: canonical.obfuscation, signals }
     }
 }
 

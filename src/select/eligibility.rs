@@ -1,6 +1,6 @@
 //! Whether a model tier may take a request now, and if not, why ([`Ineligible`]).
 
-use super::signals::{Below, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
+use super::signals::{Below, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 use super::Outcome;
 use crate::breaker::CircuitState;
 use crate::policy::{GpuLimits, Policy, UnknownSignal};
@@ -159,7 +159,7 @@ impl serde::Serialize for Ineligible {
 /// admission: the expected queue wait plus the service time must fit the remaining deadline, so
 /// a request the tier cannot serve in time goes to the next stage at once instead of timing out
 /// in the queue).
-pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Result<(), Ineligible> {
+pub fn cpu_eligibility(policy: &Policy, s: &LoadSnapshot, remaining: Duration) -> Result<(), Ineligible> {
     let limits = &policy.cpu;
     match s.cpu.utilization {
         Some(value) if value > limits.max_utilization => {
@@ -185,7 +185,7 @@ pub fn cpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
 
 /// Whether the gpu tier may take a request now (configured, circuit, admission, memory, KV
 /// cache, endpoints, deadline).
-pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Result<(), Ineligible> {
+pub fn gpu_eligibility(policy: &Policy, s: &LoadSnapshot, remaining: Duration) -> Result<(), Ineligible> {
     let g = &s.gpu;
     let limits = &policy.gpu;
     if let Some(why) = &g.unavailable {
@@ -225,7 +225,7 @@ pub fn gpu_eligibility(policy: &Policy, s: &SignalsSnapshot, remaining: Duration
 /// Whether the request's tenant may use the gpu tier: under its fair share of the tier's
 /// concurrency (`max_in_flight`) and with daily budget left. Either limit only ever sends this
 /// tenant's request down the cascade; it never holds another tenant's back.
-pub fn tenant_gpu_eligibility(t: &TenantSignals, max_in_flight: usize) -> Result<(), Ineligible> {
+pub fn tenant_gpu_eligibility(t: &TenantLoad, max_in_flight: usize) -> Result<(), Ineligible> {
     if let Some(share) = t.gpu_share {
         let slots = fair_share_slots(share, max_in_flight);
         if t.gpu_in_flight >= slots {
@@ -257,7 +257,7 @@ pub fn below_limit(was_below: bool, value: f64, min: f64, band: f64) -> bool {
 /// Which of the gpu tier's limits it is below now, given `g.was_below`. A reading that is not
 /// there (unknown, not exposed, no GPU) keeps the previous state for when it returns; the
 /// gateway keeps the result for the next snapshot.
-pub fn gpu_below(g: &GpuSignals, limits: &GpuLimits) -> Below {
+pub fn gpu_below(g: &GpuLoad, limits: &GpuLimits) -> Below {
     let was = g.was_below;
     Below {
         free_memory: match g.memory {

@@ -1,6 +1,6 @@
 //! Tier selection: every routing choice of the cascade, as pure functions of (complexity,
 //! policy, signals snapshot, remaining deadline, what was tried) -> what happens next, with the
-//! reason in words. No threads, clocks or I/O here: the gateway takes one [`SignalsSnapshot`]
+//! reason in words. No threads, clocks or I/O here: the gateway takes one [`LoadSnapshot`]
 //! per request and asks these functions at each step —
 //!
 //! - where a request starts: [`start`];
@@ -21,7 +21,7 @@ mod signals;
 pub use router::{Recovery, Route, Router};
 
 pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, tenant_gpu_eligibility, Ineligible};
-pub use signals::{Below, CpuSignals, GpuMemory, GpuSignals, KvCache, SignalsSnapshot, TenantSignals};
+pub use signals::{Below, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 
 use crate::complexity::Complexity;
 use crate::policy::{Policy, WhenSaturated};
@@ -192,7 +192,7 @@ pub enum Fallback {
 
 /// Where a request starts: complex requests on the gpu tier when it is eligible, the rest on
 /// the cpu tier; either one when the other is not eligible; neither -> `when_saturated`.
-pub fn start(complexity: &Complexity, policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Start {
+pub fn start(complexity: &Complexity, policy: &Policy, s: &LoadSnapshot, remaining: Duration) -> Start {
     let cpu = cpu_eligibility(policy, s, remaining);
     let gpu = gpu_eligibility(policy, s, remaining);
     let max = policy.routing.cpu_max_complexity;
@@ -220,7 +220,7 @@ pub fn start(complexity: &Complexity, policy: &Policy, s: &SignalsSnapshot, rema
 
 /// Whether the gpu tier is still open to a request after the cpu tier answered: not when it was
 /// already tried, else its eligibility now.
-pub fn gpu_left(tried: Tried, policy: &Policy, s: &SignalsSnapshot, remaining: Duration) -> Result<(), Ineligible> {
+pub fn gpu_left(tried: Tried, policy: &Policy, s: &LoadSnapshot, remaining: Duration) -> Result<(), Ineligible> {
     if tried.gpu {
         return Err(Ineligible::AlreadyTried);
     }

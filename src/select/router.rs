@@ -6,7 +6,7 @@
 
 use super::{
     after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility, gpu_left, Fallback,
-    Ineligible, Next, Outcome, SignalsSnapshot, Stage, Start, TierName, Tried,
+    Ineligible, LoadSnapshot, Next, Outcome, Stage, Start, TierName, Tried,
 };
 use crate::complexity::Complexity;
 use crate::policy::Policy;
@@ -38,7 +38,7 @@ pub enum Recovery {
 /// One request's routing state, between the cascade's stages.
 pub struct Router<'a> {
     policy: &'a Policy,
-    snapshot: &'a SignalsSnapshot,
+    snapshot: &'a LoadSnapshot,
     tried: Tried,
     /// The cpu verdict an escalation to the gpu tier started from.
     escalated: Option<ModelVerdict>,
@@ -49,7 +49,7 @@ impl<'a> Router<'a> {
     pub fn start(
         complexity: &Complexity,
         policy: &'a Policy,
-        snapshot: &'a SignalsSnapshot,
+        snapshot: &'a LoadSnapshot,
         remaining: Duration,
     ) -> (Router<'a>, Start) {
         let start = super::start(complexity, policy, snapshot, remaining);

@@ -7,18 +7,18 @@ use serde::Serialize;
 
 /// What routing knows about load, as plain data.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SignalsSnapshot {
-    pub cpu: CpuSignals,
-    pub gpu: GpuSignals,
+pub struct LoadSnapshot {
+    pub cpu: CpuLoad,
+    pub gpu: GpuLoad,
     /// The request's tenant's use of the gpu tier (its fair share, its daily budget).
-    pub tenant: TenantSignals,
+    pub tenant: TenantLoad,
 }
 
 /// What routing knows of the request's tenant: its requests on the gpu tier now (this
 /// replica), its class's share of the tier, and whether its daily gpu budget is spent. All
 /// unknown tenants count as one. Default: no tenant limits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TenantSignals {
+pub struct TenantLoad {
     /// The tenant's metrics label (a known tenant, or `other`), for reasons in words.
     pub tenant: String,
     /// The tenant's requests holding a gpu slot now.
@@ -30,7 +30,7 @@ pub struct TenantSignals {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CpuSignals {
+pub struct CpuLoad {
     /// Machine CPU utilisation EWMA, [0, 1]; `None` when unknown or stale.
     pub utilization: Option<f64>,
     pub queue_depth: usize,
@@ -44,7 +44,7 @@ pub struct CpuSignals {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuSignals {
+pub struct GpuLoad {
     /// Why the gpu tier cannot run at all (not configured); `None` when it exists.
     pub unavailable: Option<String>,
     pub memory: GpuMemory,

@@ -34,17 +34,17 @@ pub(super) fn policy(extra: &str) -> Policy {
     Policy::from_sources(Path::new("p"), &[(PathBuf::from("p/routing.toml"), text)]).unwrap()
 }
 
-pub(super) fn idle() -> SignalsSnapshot {
-    SignalsSnapshot {
+pub(super) fn idle() -> LoadSnapshot {
+    LoadSnapshot {
         tenant: Default::default(),
-        cpu: CpuSignals {
+        cpu: CpuLoad {
             utilization: Some(0.2),
             queue_depth: 0,
             in_flight: 0,
             service_us: Some(5_000),
             queue_wait_us: Some(0),
         },
-        gpu: GpuSignals {
+        gpu: GpuLoad {
             unavailable: None,
             memory: GpuMemory::FreeMb(40_000),
             utilization: Some(0.1),
@@ -140,7 +140,7 @@ fn both_saturated_goes_to_rules_or_sheds_as_the_policy_says() {
 #[test]
 fn every_gpu_ineligibility_has_its_reason() {
     let p = policy("");
-    let check = |f: &dyn Fn(&mut SignalsSnapshot), remaining: Duration, want: &str| {
+    let check = |f: &dyn Fn(&mut LoadSnapshot), remaining: Duration, want: &str| {
         let mut sig = idle();
         f(&mut sig);
         let got = gpu_eligibility(&p, &sig, remaining).unwrap_err().to_string();
@@ -462,8 +462,8 @@ fn unread_text_hands_over_an_ok_verdict_but_not_a_risk_one() {
 }
 
 /// A tenant holding `in_flight` gpu slots under a class with `share` of the tier.
-fn tenant(name: &str, in_flight: usize, share: Option<f64>) -> TenantSignals {
-    TenantSignals { tenant: name.into(), gpu_in_flight: in_flight, gpu_share: share, gpu_budget_spent: None }
+fn tenant(name: &str, in_flight: usize, share: Option<f64>) -> TenantLoad {
+    TenantLoad { tenant: name.into(), gpu_in_flight: in_flight, gpu_share: share, gpu_budget_spent: None }
 }
 
 #[test]
@@ -511,7 +511,7 @@ fn tenant_gpu_limits_share_rounding_and_budget() {
     assert!(tenant_gpu_eligibility(&tenant("a", 1, Some(0.1)), 4).is_err());
     // A spent daily budget closes the gpu tier to the tenant, with the reason in words.
     let mut s = idle();
-    s.tenant = TenantSignals { gpu_budget_spent: Some(1000), ..tenant("other", 0, None) };
+    s.tenant = TenantLoad { gpu_budget_spent: Some(1000), ..tenant("other", 0, None) };
     let why = gpu_eligibility(&p, &s, PLENTY).unwrap_err();
     assert_eq!(why, Ineligible::TenantGpuBudget { tenant: "other".into(), per_day: 1000 });
     assert_eq!(why.to_string(), "tenant other spent its gpu_daily_budget of 1000 calls (renews at midnight UTC)");

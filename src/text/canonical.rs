@@ -1,4 +1,4 @@
-//! Canonical text for the model and the rules, and the signals of what it took to get there.
+//! Canonical text for the model and the rules, and counts of the obfuscation it took to get there.
 //!
 //! [`canonicalize`] runs, in this order, until a round changes nothing (at most [`MAX_ROUNDS`]):
 //!
@@ -71,13 +71,13 @@ pub struct Canonical {
     /// (the skeleton maps for example "1" and "I" to "l", "0" to "o" and "m" to "rn").
     pub skeleton: String,
     /// What the canonical form had to undo.
-    pub signals: TextSignals,
+    pub obfuscation: Obfuscation,
 }
 
 /// Counts of what [`canonicalize`] removed or rewrote; all counts are numbers of occurrences in
 /// the original text.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TextSignals {
+pub struct Obfuscation {
     /// Invisible characters removed (format Cf, control Cc, Default_Ignorable). A zero-width
     /// (non-)joiner, a variation selector, a tag character or a left-to-right/right-to-left/Arabic
     /// letter mark right after a non-Latin, non-ASCII character is removed but not counted: that is
@@ -117,16 +117,16 @@ pub fn canonicalize(original: &str) -> Canonical {
         return Canonical {
             text: original.to_owned(),
             skeleton: ascii_skeleton(original),
-            signals: TextSignals::default(),
+            obfuscation: Obfuscation::default(),
         };
     }
-    let mut signals = TextSignals::default();
+    let mut obfuscation = Obfuscation::default();
     // Mixed-script words left unfolded, as seen by the latest round: a later round sees the same
     // words again, so this is overwritten rather than added up.
     let mut unfolded = 0;
     let mut text = Cow::Borrowed(original);
     for _ in 0..MAX_ROUNDS {
-        match round(&text, &mut signals, &mut unfolded) {
+        match round(&text, &mut obfuscation, &mut unfolded) {
             Some(next) => text = Cow::Owned(next),
             None => break,
         }
@@ -135,10 +135,10 @@ pub fn canonicalize(original: &str) -> Canonical {
             break;
         }
     }
-    signals.mixed_script_words += unfolded;
-    signals.changed = text != original;
+    obfuscation.mixed_script_words += unfolded;
+    obfuscation.changed = text != original;
     let skeleton = skeleton(&text);
-    Canonical { text: text.into_owned(), skeleton, signals }
+    Canonical { text: text.into_owned(), skeleton, obfuscation }
 }
 
 /// Lower-cased UTS #39 skeleton of `s`: NFD, Default_Ignorable characters dropped, each character
@@ -172,25 +172,25 @@ pub fn skeleton(s: &str) -> String {
 }
 
 /// One round of the pipeline; `None` when it changed nothing.
-fn round(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -> Option<String> {
+fn round(s: &str, obfuscation: &mut Obfuscation, unfolded: &mut usize) -> Option<String> {
     let mut text = Cow::Borrowed(s);
-    if let Some(next) = decode_entities(&text, &mut signals.html_entities) {
+    if let Some(next) = decode_entities(&text, &mut obfuscation.html_entities) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = strip_invisible(&text, &mut signals.invisible_chars, &mut signals.smuggled_chars) {
+    if let Some(next) = strip_invisible(&text, &mut obfuscation.invisible_chars, &mut obfuscation.smuggled_chars) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = nfkc(&text, &mut signals.confusable_chars) {
+    if let Some(next) = nfkc(&text, &mut obfuscation.confusable_chars) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = fold_mixed_script(&text, signals, unfolded) {
+    if let Some(next) = fold_mixed_script(&text, obfuscation, unfolded) {
         text = Cow::Owned(next);
     }
-    if let Some(next) = restore_defanged(&text, &mut signals.defanged_links) {
+    if let Some(next) = restore_defanged(&text, &mut obfuscation.defanged_links) {
         text = Cow::Owned(next);
     }
     if let Some((next, joined)) = join_padded(&text) {
-        signals.padded_han_chars += joined;
+        obfuscation.padded_han_chars += joined;
         text = Cow::Owned(next);
     }
     match text {
@@ -339,9 +339,9 @@ pub(super) fn nfkc_by_pieces_for_test(s: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // Step 4: mixed-script words
 
-/// Folds the Latin-looking mixed-script words to Latin; counts them in `signals` and sets
+/// Folds the Latin-looking mixed-script words to Latin; counts them in `obfuscation` and sets
 /// `unfolded` to the number of counted mixed-script words it could not fold.
-fn fold_mixed_script(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -> Option<String> {
+fn fold_mixed_script(s: &str, obfuscation: &mut Obfuscation, unfolded: &mut usize) -> Option<String> {
     *unfolded = 0;
     if !has_two_scripts(s) {
         return None;
@@ -354,8 +354,8 @@ fn fold_mixed_script(s: &str, signals: &mut TextSignals, unfolded: &mut usize) -
         }
         match fold_word(word) {
             Some((folded, rewritten)) => {
-                signals.mixed_script_words += 1;
-                signals.confusable_chars += rewritten;
+                obfuscation.mixed_script_words += 1;
+                obfuscation.confusable_chars += rewritten;
                 let out = out.get_or_insert_with(|| String::with_capacity(s.len()));
                 out.push_str(&s[copied..at]);
                 out.push_str(&folded);

@@ -164,7 +164,7 @@ mod tests {
     fn padded_han_characters_are_joined_and_counted() {
         let c = canonicalize("请加 微 信 领取返利");
         assert_eq!(c.text, "请加微信领取返利");
-        assert_eq!(c.signals.padded_han_chars, 4, "加 微 信 领 (领 starts the next word)");
+        assert_eq!(c.obfuscation.padded_han_chars, 4, "加 微 信 领 (领 starts the next word)");
         assert_eq!(
             canonicalize("刷*单*返*利，日赚500").text,
             "刷单返利,日赚500",
@@ -180,7 +180,7 @@ mod tests {
             let c = canonicalize(ordinary);
             // Nothing removed (NFKC may still make a full-width comma ASCII).
             assert_eq!(
-                (c.text.chars().count(), c.signals.padded_han_chars),
+                (c.text.chars().count(), c.obfuscation.padded_han_chars),
                 (ordinary.chars().count(), 0),
                 "{ordinary}"
             );

@@ -14,7 +14,7 @@ use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 use unicode_script::{Script, UnicodeScript};
 
 /// Removes the invisible characters and decodes the text hidden in them; adds those that count
-/// as hidden to `invisible` and those that carried text to `smuggled` (`TextSignals`'
+/// as hidden to `invisible` and those that carried text to `smuggled` (`Obfuscation`'
 /// `invisible_chars` and `smuggled_chars`).
 ///
 /// Hidden text is decoded where it stood, because that is what a language model behind the proxy

@@ -4,7 +4,7 @@
 //!   model and the rules read (HTML entities decoded, invisible and format characters removed,
 //!   Unicode NFKC per UAX #15, look-alike letters inside mixed-script words folded to Latin,
 //!   defanged links restored, padded Chinese characters joined), a lower-cased UTS #39 skeleton for look-alike-proof matching, and
-//!   [`TextSignals`] that count what was hidden. The original text stays what the audit and the
+//!   [`Obfuscation`] that count what was hidden. The original text stays what the audit and the
 //!   app see; nothing here changes it.
 //! - [`han`]: Chinese evasions: padded characters joined (a canonical step), and [`han::fold`]
 //!   (Traditional to Simplified, Chinese digit runs to ASCII) for the policy's signals.
@@ -22,7 +22,7 @@ pub mod han;
 mod invisible;
 pub mod lang;
 
-pub use canonical::{canonicalize, skeleton, Canonical, TextSignals};
+pub use canonical::{canonicalize, skeleton, Canonical, Obfuscation};
 pub use lang::{detect, Elsewhere, Language, LanguageCell};
 
 #[cfg(test)]

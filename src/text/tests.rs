@@ -13,7 +13,7 @@ fn assert_idempotent(s: &str) {
     let once = canon(s).text;
     let twice = canon(&once);
     assert_eq!(twice.text, once, "not idempotent for {s:?}");
-    assert!(!twice.signals.changed, "second pass still changed {s:?}: {:?}", twice.signals);
+    assert!(!twice.obfuscation.changed, "second pass still changed {s:?}: {:?}", twice.obfuscation);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -24,9 +24,9 @@ fn plain_ascii_takes_the_fast_path_unchanged() {
     let sms = "Your parcel is waiting. Pay the 1.99 fee at https://example.com/track today (ref 123).";
     let c = canon(sms);
     assert_eq!(c.text, sms);
-    assert_eq!(c.signals, TextSignals::default());
+    assert_eq!(c.obfuscation, Obfuscation::default());
     assert_eq!(c.skeleton, skeleton(sms));
-    assert!(!c.signals.changed);
+    assert!(!c.obfuscation.changed);
 }
 
 #[test]
@@ -71,9 +71,9 @@ fn cyrillic_letters_in_a_latin_word_fold_to_latin() {
     // "pаypal" and "pаsswоrd" with Cyrillic а (U+0430) and о (U+043E).
     let c = canon("Confirm your p\u{430}ypal p\u{430}ssw\u{43E}rd");
     assert_eq!(c.text, "Confirm your paypal password");
-    assert_eq!(c.signals.mixed_script_words, 2);
-    assert_eq!(c.signals.confusable_chars, 3);
-    assert!(c.signals.changed);
+    assert_eq!(c.obfuscation.mixed_script_words, 2);
+    assert_eq!(c.obfuscation.confusable_chars, 3);
+    assert!(c.obfuscation.changed);
     assert!(c.skeleton.contains(&skeleton("password")));
 }
 
@@ -82,8 +82,8 @@ fn mostly_cyrillic_word_that_looks_latin_folds_too() {
     // "раураl": Cyrillic р а у а р + Latin l.
     let c = canon("\u{440}\u{430}\u{443}\u{440}\u{430}l");
     assert_eq!(c.text, "paypal");
-    assert_eq!(c.signals.mixed_script_words, 1);
-    assert_eq!(c.signals.confusable_chars, 5);
+    assert_eq!(c.obfuscation.mixed_script_words, 1);
+    assert_eq!(c.obfuscation.confusable_chars, 5);
 }
 
 #[test]
@@ -97,27 +97,27 @@ fn greek_letters_in_a_latin_word_fold_to_latin() {
     // Greek ο (U+03BF) and α (U+03B1).
     let c = canon("Verify your Amaz\u{3BF}n acc\u{3BF}unt: p\u{3B1}ssword expired");
     assert_eq!(c.text, "Verify your Amazon account: password expired");
-    assert_eq!(c.signals.mixed_script_words, 3);
-    assert_eq!(c.signals.confusable_chars, 3);
+    assert_eq!(c.obfuscation.mixed_script_words, 3);
+    assert_eq!(c.obfuscation.confusable_chars, 3);
 }
 
 #[test]
 fn zero_width_characters_inside_a_word_are_removed_and_counted() {
     let c = canon("pass\u{200B}word and pay\u{200D}pal and log\u{200C}in and ac\u{2060}count\u{FEFF}");
     assert_eq!(c.text, "password and paypal and login and account");
-    assert_eq!(c.signals.invisible_chars, 5);
-    assert_eq!(c.signals.mixed_script_words, 0);
+    assert_eq!(c.obfuscation.invisible_chars, 5);
+    assert_eq!(c.obfuscation.mixed_script_words, 0);
 }
 
 #[test]
 fn soft_hyphen_is_removed() {
     let c = canon("pass\u{AD}word");
     assert_eq!(c.text, "password");
-    assert_eq!(c.signals.invisible_chars, 1);
+    assert_eq!(c.obfuscation.invisible_chars, 1);
     // Also when it comes as an entity.
     let c = canon("pass&shy;word");
     assert_eq!(c.text, "password");
-    assert_eq!((c.signals.html_entities, c.signals.invisible_chars), (1, 1));
+    assert_eq!((c.obfuscation.html_entities, c.obfuscation.invisible_chars), (1, 1));
 }
 
 #[test]
@@ -126,21 +126,21 @@ fn bidi_controls_and_other_format_characters_are_removed() {
     // A tag character shadows an ASCII one: it is read as that character (ASCII smuggling).
     let c = canon("invoice\u{202E}fdp.exe \u{2066}x\u{2069} a\u{E0041}b");
     assert_eq!(c.text, "invoicefdp.exe x aAb");
-    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (4, 1));
+    assert_eq!((c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), (4, 1));
 }
 
 #[test]
 fn control_characters_are_removed_but_line_breaks_kept() {
     let c = canon("pay\u{0}pal\u{1B}\tnow\r\nok\u{7F}\u{85}");
     assert_eq!(c.text, "paypal\tnow\r\nok\u{85}");
-    assert_eq!(c.signals.invisible_chars, 3);
+    assert_eq!(c.obfuscation.invisible_chars, 3);
 }
 
 #[test]
 fn variation_selectors_and_hangul_fillers_are_removed() {
     let c = canon("pass\u{FE0F}word\u{3164}x\u{FFA0}y");
     assert_eq!(c.text, "passwordxy");
-    assert_eq!(c.signals.invisible_chars, 3);
+    assert_eq!(c.obfuscation.invisible_chars, 3);
 }
 
 #[test]
@@ -148,8 +148,8 @@ fn joiners_in_emoji_and_non_latin_scripts_are_removed_without_counting() {
     // Family emoji (ZWJ sequence), red heart with VS16, Persian word with a ZWNJ.
     let c = canon("\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467} \u{2764}\u{FE0F} \u{645}\u{6CC}\u{200C}\u{62E}\u{648}\u{627}\u{647}\u{645}");
     assert_eq!(c.text, "\u{1F468}\u{1F469}\u{1F467} \u{2764} \u{645}\u{6CC}\u{62E}\u{648}\u{627}\u{647}\u{645}");
-    assert_eq!(c.signals.invisible_chars, 0);
-    assert!(c.signals.changed);
+    assert_eq!(c.obfuscation.invisible_chars, 0);
+    assert!(c.obfuscation.changed);
 }
 
 /// `text` written in Unicode Tag characters (U+E0000 + each ASCII code).
@@ -169,11 +169,15 @@ fn text_hidden_in_tag_characters_is_read_and_counted_wherever_it_stands() {
     for before in ["Hi! ", "Hi \u{1F44B} ", "\u{4F60}\u{597D} ", "\u{645}\u{631}\u{62D}\u{628}\u{627} ", ""] {
         let c = canon(&format!("{before}{}", tags(hidden)));
         assert!(c.text.ends_with(hidden), "{before:?}: {:?}", c.text);
-        assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (hidden.len(), hidden.len()), "{before:?}");
+        assert_eq!(
+            (c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars),
+            (hidden.len(), hidden.len()),
+            "{before:?}"
+        );
     }
     // Language and cancel tags around it shadow nothing printable, but are counted.
     let c = canon(&format!("ok\u{E0001}{}\u{E007F}", tags("pay")));
-    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("okpay", 5, 3));
+    assert_eq!((c.text.as_str(), c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), ("okpay", 5, 3));
 }
 
 #[test]
@@ -181,12 +185,12 @@ fn emoji_flag_tag_sequences_stay_ordinary() {
     // The flags of England and Scotland (UTS #51 tag sequences) are not hidden text.
     let c = canon(&format!("Go \u{1F3F4}{}\u{E007F} and \u{1F3F4}{}\u{E007F}!", tags("gbeng"), tags("gbsct")));
     assert_eq!(c.text, "Go \u{1F3F4} and \u{1F3F4}!");
-    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (0, 0));
+    assert_eq!((c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), (0, 0));
     // The same tags after anything but the black flag, or spelling more than a region, are hidden text.
     let c = canon(&format!("Go \u{1F600}{}\u{E007F}", tags("gbeng")));
-    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (6, 5));
+    assert_eq!((c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), (6, 5));
     let c = canon(&format!("\u{1F3F4}{}\u{E007F}", tags("send the code")));
-    assert_eq!(c.signals.smuggled_chars, 13);
+    assert_eq!(c.obfuscation.smuggled_chars, 13);
 }
 
 #[test]
@@ -195,16 +199,16 @@ fn text_hidden_in_variation_selectors_is_read_and_counted() {
     let c = canon(&format!("Lunch? \u{1F354}{}", selectors(hidden)));
     assert!(c.text.contains(hidden), "{:?}", c.text);
     let n = hidden.len();
-    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (n, n));
+    assert_eq!((c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), (n, n));
     // Bytes that are not UTF-8 are dropped, and still counted.
     let c = canon("x \u{1F354}\u{E01EF}\u{E01EF}");
-    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("x \u{1F354}", 2, 2));
+    assert_eq!((c.text.as_str(), c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), ("x \u{1F354}", 2, 2));
     // One selector after an emoji, a keycap base or an ideograph is ordinary; after a Latin letter
     // it is counted (hidden, not smuggled).
     let c = canon("\u{2764}\u{FE0F} 1\u{FE0F}\u{20E3} \u{845B}\u{E0100}");
-    assert_eq!((c.signals.invisible_chars, c.signals.smuggled_chars), (0, 0), "{:?}", c.text);
+    assert_eq!((c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), (0, 0), "{:?}", c.text);
     let c = canon("pay\u{FE0F}pal");
-    assert_eq!((c.text.as_str(), c.signals.invisible_chars, c.signals.smuggled_chars), ("paypal", 1, 0));
+    assert_eq!((c.text.as_str(), c.obfuscation.invisible_chars, c.obfuscation.smuggled_chars), ("paypal", 1, 0));
 }
 
 #[test]
@@ -212,7 +216,7 @@ fn a_joiner_after_an_emoji_joins_only_what_follows_it() {
     // A ZWJ between two emoji is a ZWJ sequence; before a space or a Latin letter it joins nothing.
     let c = canon("\u{1F600}\u{200D} pass\u{200B}word \u{1F600}\u{200D}x");
     assert_eq!(c.text, "\u{1F600} password \u{1F600}x");
-    assert_eq!(c.signals.invisible_chars, 3);
+    assert_eq!(c.obfuscation.invisible_chars, 3);
 }
 
 #[test]
@@ -220,8 +224,8 @@ fn fullwidth_forms_become_ascii() {
     // "ｐａｙｐａｌ．ｃｏｍ" in fullwidth.
     let c = canon("\u{FF50}\u{FF41}\u{FF59}\u{FF50}\u{FF41}\u{FF4C}\u{FF0E}\u{FF43}\u{FF4F}\u{FF4D}");
     assert_eq!(c.text, "paypal.com");
-    assert_eq!(c.signals.confusable_chars, 9); // letters only, not the full stop
-    assert_eq!(c.signals.mixed_script_words, 0);
+    assert_eq!(c.obfuscation.confusable_chars, 9); // letters only, not the full stop
+    assert_eq!(c.obfuscation.mixed_script_words, 0);
 }
 
 #[test]
@@ -230,7 +234,7 @@ fn mathematical_bold_letters_become_ascii() {
     let bold: String = "password".chars().map(|c| char::from_u32(0x1D41A + (c as u32 - 'a' as u32)).unwrap()).collect();
     let c = canon(&format!("Reset your {bold} now"));
     assert_eq!(c.text, "Reset your password now");
-    assert_eq!(c.signals.confusable_chars, 8);
+    assert_eq!(c.obfuscation.confusable_chars, 8);
 }
 
 #[test]
@@ -247,7 +251,7 @@ fn genuinely_russian_and_greek_text_is_left_alone() {
     ] {
         let c = canon(s);
         assert_eq!(c.text, s);
-        assert_eq!(c.signals, TextSignals::default(), "{s}");
+        assert_eq!(c.obfuscation, Obfuscation::default(), "{s}");
     }
 }
 
@@ -258,7 +262,7 @@ fn whole_script_confusable_is_left_in_the_text_but_caught_by_the_skeleton() {
     let s = "\u{430}\u{440}\u{440}\u{4CF}\u{435} id locked";
     let c = canon(s);
     assert_eq!(c.text, s);
-    assert_eq!(c.signals.mixed_script_words, 0);
+    assert_eq!(c.obfuscation.mixed_script_words, 0);
     assert!(c.skeleton.contains(&skeleton("apple")), "{:?}", c.skeleton);
 }
 
@@ -268,9 +272,9 @@ fn mixed_script_word_without_a_latin_form_is_counted_but_kept() {
     let s = "\u{41F}p\u{438}\u{432}\u{435}\u{442} мир";
     let c = canon(s);
     assert_eq!(c.text, s);
-    assert_eq!(c.signals.mixed_script_words, 1);
-    assert_eq!(c.signals.confusable_chars, 0);
-    assert!(!c.signals.changed);
+    assert_eq!(c.obfuscation.mixed_script_words, 1);
+    assert_eq!(c.obfuscation.confusable_chars, 0);
+    assert!(!c.obfuscation.changed);
 }
 
 #[test]
@@ -279,7 +283,7 @@ fn mixing_scripts_without_lookalikes_is_not_a_signal() {
     for s in ["iPhone을 샀어요", "我用iPhone拍照", "東京タワーへ行きます"] {
         let c = canon(s);
         assert_eq!(c.text, s);
-        assert_eq!(c.signals.mixed_script_words, 0, "{s}");
+        assert_eq!(c.obfuscation.mixed_script_words, 0, "{s}");
     }
 }
 
@@ -287,8 +291,8 @@ fn mixing_scripts_without_lookalikes_is_not_a_signal() {
 fn mixed_script_words_are_counted_once_per_word() {
     let c = canon("p\u{430}yp\u{430}l s\u{435}cur\u{435} \u{43E}k fine");
     // "pаypаl" and "sеcurе" are mixed; "оk" is Cyrillic о + Latin k, mixed as well.
-    assert_eq!(c.signals.mixed_script_words, 3);
-    assert_eq!(c.signals.confusable_chars, 5);
+    assert_eq!(c.obfuscation.mixed_script_words, 3);
+    assert_eq!(c.obfuscation.confusable_chars, 5);
     assert_eq!(c.text, "paypal secure ok fine");
 }
 
@@ -299,8 +303,8 @@ fn mixed_script_words_are_counted_once_per_word() {
 fn defanged_link_is_restored() {
     let c = canon("Log in at hxxps://evil[.]top/login now");
     assert_eq!(c.text, "Log in at https://evil.top/login now");
-    assert_eq!(c.signals.defanged_links, 1);
-    assert!(c.signals.changed);
+    assert_eq!(c.obfuscation.defanged_links, 1);
+    assert!(c.obfuscation.changed);
 }
 
 #[test]
@@ -317,7 +321,7 @@ fn defanging_variants_are_restored() {
     for (defanged, restored) in cases {
         assert_eq!(canon(defanged).text, restored, "{defanged}");
     }
-    assert_eq!(canon("hxxps://a[.]b[.]c/x and evil[.]top").signals.defanged_links, 2);
+    assert_eq!(canon("hxxps://a[.]b[.]c/x and evil[.]top").obfuscation.defanged_links, 2);
 }
 
 #[test]
@@ -331,7 +335,7 @@ fn brackets_in_prose_are_left_alone() {
     ] {
         let c = canon(s);
         assert_eq!(c.text, s);
-        assert_eq!(c.signals.defanged_links, 0, "{s}");
+        assert_eq!(c.obfuscation.defanged_links, 0, "{s}");
     }
 }
 
@@ -347,14 +351,14 @@ fn nested_defanging_settles_in_later_rounds() {
 fn html_entities_are_decoded() {
     let c = canon("Enter your &#112;assword &amp; PIN &lt;here&gt; &#x70;ay&eacute;");
     assert_eq!(c.text, "Enter your password & PIN <here> payé");
-    assert_eq!(c.signals.html_entities, 6);
+    assert_eq!(c.obfuscation.html_entities, 6);
 }
 
 #[test]
 fn double_encoded_entities_decode_in_one_round() {
     let c = canon("&amp;#112;assword and &amp;amp; and &amp;lt;");
     assert_eq!(c.text, "password and & and <");
-    assert_eq!(c.signals.html_entities, 6);
+    assert_eq!(c.obfuscation.html_entities, 6);
 }
 
 #[test]
@@ -362,7 +366,7 @@ fn ampersands_in_prose_and_unknown_entities_stay() {
     for s in ["AT&T and R&D, Q&A", "&notanentity; &#;", "&amp without semicolon", "& ; &#xZZ;", "&#0;"] {
         let c = canon(s);
         assert_eq!(c.text, s);
-        assert_eq!(c.signals.html_entities, 0, "{s}");
+        assert_eq!(c.obfuscation.html_entities, 0, "{s}");
     }
 }
 
@@ -371,9 +375,9 @@ fn entities_hiding_invisible_and_confusable_characters() {
     // A zero-width space and a Cyrillic а, both written as numeric references.
     let c = canon("pass&#8203;word p&#1072;ypal");
     assert_eq!(c.text, "password paypal");
-    assert_eq!(c.signals.html_entities, 2);
-    assert_eq!(c.signals.invisible_chars, 1);
-    assert_eq!(c.signals.mixed_script_words, 1);
+    assert_eq!(c.obfuscation.html_entities, 2);
+    assert_eq!(c.obfuscation.invisible_chars, 1);
+    assert_eq!(c.obfuscation.mixed_script_words, 1);
 }
 
 #[test]
@@ -450,7 +454,7 @@ proptest! {
     fn canonicalize_never_panics_and_leaves_nothing_invisible(s in any::<String>()) {
         let c = canonicalize(&s);
         prop_assert!(!c.text.chars().any(is_forbidden_in_text), "{:?} -> {:?}", s, c.text);
-        prop_assert_eq!(c.signals.changed, c.text != s);
+        prop_assert_eq!(c.obfuscation.changed, c.text != s);
     }
 
     #[test]
@@ -490,8 +494,8 @@ proptest! {
 fn canonical_serializes_with_its_field_names() {
     let json = serde_json::to_value(canon("p\u{430}ypal")).unwrap();
     assert_eq!(json["text"], "paypal");
-    assert_eq!(json["signals"]["mixed_script_words"], 1);
-    assert_eq!(json["signals"]["changed"], true);
+    assert_eq!(json["obfuscation"]["mixed_script_words"], 1);
+    assert_eq!(json["obfuscation"]["changed"], true);
     let json = serde_json::to_value(detect("")).unwrap();
     assert_eq!(json["code"], "und");
 }

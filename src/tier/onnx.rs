@@ -398,7 +398,7 @@ impl ModelTier for OnnxPool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::select::{cpu_eligibility, CpuSignals, GpuMemory, GpuSignals, SignalsSnapshot};
+    use crate::select::{cpu_eligibility, CpuLoad, GpuLoad, GpuMemory, LoadSnapshot};
     use std::sync::{Condvar, Mutex};
     use std::time::Duration;
 
@@ -448,17 +448,17 @@ pub(crate) mod tests {
         assert_eq!(triage(vec![short], now, None).len(), 1);
     }
 
-    fn signals(pool: &OnnxPool) -> SignalsSnapshot {
-        SignalsSnapshot {
+    fn signals(pool: &OnnxPool) -> LoadSnapshot {
+        LoadSnapshot {
             tenant: Default::default(),
-            cpu: CpuSignals {
+            cpu: CpuLoad {
                 utilization: None,
                 queue_depth: pool.queue_depth(),
                 in_flight: pool.in_flight(),
                 service_us: pool.service_us(),
                 queue_wait_us: pool.queue_wait_us(),
             },
-            gpu: GpuSignals {
+            gpu: GpuLoad {
                 unavailable: Some("none".into()),
                 memory: GpuMemory::Unknown,
                 utilization: None,

@@ -190,14 +190,14 @@ pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
 /// A CPU-load source the test controls.
 pub struct FakeCpu(pub std::sync::Mutex<f64>);
 
-impl tiergate::signals::cpu::CpuSource for FakeCpu {
+impl tiergate::readings::cpu::CpuSource for FakeCpu {
     fn sample(&self) -> Option<f64> {
         Some(*self.0.lock().unwrap())
     }
 }
 
 /// A GPU the test controls (a test double for a GPU on a CPU-only machine).
-pub struct FakeGpu(pub std::sync::Mutex<tiergate::signals::gpu::GpuSample>);
+pub struct FakeGpu(pub std::sync::Mutex<tiergate::readings::gpu::GpuSample>);
 
 impl FakeGpu {
     /// One device with `free_mb` of 80 GiB free.
@@ -209,8 +209,8 @@ impl FakeGpu {
     }
 }
 
-fn device(free_mb: u64) -> tiergate::signals::gpu::GpuDevice {
-    tiergate::signals::gpu::GpuDevice {
+fn device(free_mb: u64) -> tiergate::readings::gpu::GpuDevice {
+    tiergate::readings::gpu::GpuDevice {
         ordinal: 0,
         free_bytes: free_mb << 20,
         total_bytes: 80 << 30,
@@ -218,8 +218,8 @@ fn device(free_mb: u64) -> tiergate::signals::gpu::GpuDevice {
     }
 }
 
-impl tiergate::signals::gpu::GpuSource for FakeGpu {
-    fn sample(&self) -> tiergate::signals::gpu::GpuSample {
+impl tiergate::readings::gpu::GpuSource for FakeGpu {
+    fn sample(&self) -> tiergate::readings::gpu::GpuSample {
         self.0.lock().unwrap().clone()
     }
 }
@@ -227,9 +227,9 @@ impl tiergate::signals::gpu::GpuSource for FakeGpu {
 /// Test config with fast signal sampling.
 pub fn fast_config(policies: &Path) -> Config {
     let mut c = config(policies);
-    c.signals.cpu_interval_ms = 20;
-    c.signals.cpu_ewma_ms = 40;
-    c.signals.gpu_interval_ms = 20;
+    c.readings.cpu_interval_ms = 20;
+    c.readings.cpu_ewma_ms = 40;
+    c.readings.gpu_interval_ms = 20;
     c
 }
 

@@ -16,7 +16,7 @@ use super::onnx::OnnxPool;
 use super::ModelVerdict;
 use crate::breaker::{CircuitBreaker, CircuitState};
 use crate::policy::PromptSpec;
-use crate::signals::latency::LatencyTracker;
+use crate::readings::latency::LatencyTracker;
 use crate::tier::TierError;
 use ort::environment::Environment;
 use std::collections::BTreeMap;

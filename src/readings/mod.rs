@@ -1,7 +1,8 @@
-//! Live signals about the machine, sampled in the background and read lock-free on the request
+//! Live readings of the machine, sampled in the background and read lock-free on the request
 //! path: machine CPU utilisation (EWMA over `/proc/stat`) and, per GPU, free memory and
-//! utilisation. Each reading carries its time; [`SignalsHub::readings`] turns a reading older
-//! than the staleness limit into "unknown", and the policy says what unknown means.
+//! utilisation. Each reading carries its time; [`ReadingsHub::at`] turns a reading older than
+//! the staleness limit into "unknown", and the policy says what unknown means
+//! (`routing.unknown_signals`, a policy key that keeps its older name).
 
 pub mod cpu;
 pub mod gpu;
@@ -18,7 +19,7 @@ use tokio::time::Instant;
 /// `[signals]` in config.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SignalsConfig {
+pub struct ReadingsConfig {
     /// CPU sampling period, ms.
     pub cpu_interval_ms: u64,
     /// Time constant of the CPU utilisation EWMA, ms.
@@ -29,9 +30,9 @@ pub struct SignalsConfig {
     pub stale_after_ms: u64,
 }
 
-impl Default for SignalsConfig {
+impl Default for ReadingsConfig {
     fn default() -> Self {
-        SignalsConfig { cpu_interval_ms: 100, cpu_ewma_ms: 1000, gpu_interval_ms: 500, stale_after_ms: 2000 }
+        ReadingsConfig { cpu_interval_ms: 100, cpu_ewma_ms: 1000, gpu_interval_ms: 500, stale_after_ms: 2000 }
     }
 }
 
@@ -52,21 +53,21 @@ pub struct Readings {
     pub gpu_stale: bool,
 }
 
-pub struct SignalsHub {
+pub struct ReadingsHub {
     raw: ArcSwap<Raw>,
     stale_after: Duration,
 }
 
-impl SignalsHub {
-    pub fn new(config: &SignalsConfig) -> Arc<SignalsHub> {
-        Arc::new(SignalsHub {
+impl ReadingsHub {
+    pub fn new(config: &ReadingsConfig) -> Arc<ReadingsHub> {
+        Arc::new(ReadingsHub {
             raw: ArcSwap::from_pointee(Raw::default()),
             stale_after: Duration::from_millis(config.stale_after_ms),
         })
     }
 
     /// Readings as of `now`: anything older than the staleness limit is unknown.
-    pub fn readings(&self, now: Instant) -> Readings {
+    pub fn at(&self, now: Instant) -> Readings {
         let raw = self.raw.load();
         let fresh = |at: Instant| now.saturating_duration_since(at) <= self.stale_after;
         let cpu_utilization = raw.cpu_utilization.filter(|(_, at)| fresh(*at)).map(|(u, _)| u);
@@ -80,7 +81,7 @@ impl SignalsHub {
 
     /// Starts the background samplers; they stop when the hub is dropped. Needs a tokio runtime.
     /// The GPU is sampled even without a gpu tier, so `/readyz` can say whether one is present.
-    pub fn spawn_samplers(self: &Arc<Self>, config: &SignalsConfig, cpu: Arc<dyn CpuSource>, gpu: Arc<dyn GpuSource>) {
+    pub fn spawn_samplers(self: &Arc<Self>, config: &ReadingsConfig, cpu: Arc<dyn CpuSource>, gpu: Arc<dyn GpuSource>) {
         let weak = Arc::downgrade(self);
         let (interval, tau) = (Duration::from_millis(config.cpu_interval_ms.max(1)), config.cpu_ewma_ms.max(1) as f64);
         tokio::spawn(sample_cpu(weak.clone(), cpu, interval, tau));
@@ -96,7 +97,7 @@ impl SignalsHub {
     }
 }
 
-async fn sample_cpu(hub: Weak<SignalsHub>, source: Arc<dyn CpuSource>, interval: Duration, tau_ms: f64) {
+async fn sample_cpu(hub: Weak<ReadingsHub>, source: Arc<dyn CpuSource>, interval: Duration, tau_ms: f64) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ewma: Option<(f64, Instant)> = None;
@@ -118,7 +119,7 @@ async fn sample_cpu(hub: Weak<SignalsHub>, source: Arc<dyn CpuSource>, interval:
     }
 }
 
-async fn sample_gpu(hub: Weak<SignalsHub>, source: Arc<dyn GpuSource>, interval: Duration) {
+async fn sample_gpu(hub: Weak<ReadingsHub>, source: Arc<dyn GpuSource>, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -151,16 +152,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn readings_arrive_and_go_stale() {
-        let config = SignalsConfig { cpu_interval_ms: 10, cpu_ewma_ms: 10, gpu_interval_ms: 10, stale_after_ms: 100 };
-        let hub = SignalsHub::new(&config);
-        assert_eq!(hub.readings(Instant::now()).cpu_utilization, None);
-        assert!(hub.readings(Instant::now()).gpu_stale);
+        let config = ReadingsConfig { cpu_interval_ms: 10, cpu_ewma_ms: 10, gpu_interval_ms: 10, stale_after_ms: 100 };
+        let hub = ReadingsHub::new(&config);
+        assert_eq!(hub.at(Instant::now()).cpu_utilization, None);
+        assert!(hub.at(Instant::now()).gpu_stale);
         hub.spawn_samplers(&config, Arc::new(Fixed(0.9)), Arc::new(NoGpu));
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let r = hub.readings(Instant::now());
+        let r = hub.at(Instant::now());
         assert!((r.cpu_utilization.unwrap() - 0.9).abs() < 1e-6);
         assert_eq!(r.gpu_devices, Err("no CUDA driver (test)".into()));
         let later = Instant::now() + Duration::from_millis(500);
-        assert_eq!(hub.readings(later).cpu_utilization, None, "a reading older than stale_after is unknown");
+        assert_eq!(hub.at(later).cpu_utilization, None, "a reading older than stale_after is unknown");
     }
 }

@@ -78,7 +78,7 @@ pub fn spawn(
     audit: Option<CutAudit>,
 ) -> BoxBody {
     let (tx, mut rx) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(16);
-    let mut guard = Guard::new(policy, counter, route, config, content_type(headers) == "text/event-stream", tx);
+    let mut guard = StreamGuard::new(policy, counter, route, config, content_type(headers) == "text/event-stream", tx);
     guard.audit = audit;
     tokio::spawn(guard.run(body));
     BoxBody::new(StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))))
@@ -100,7 +100,7 @@ struct CutText {
     latency_us: u64,
 }
 
-struct Guard {
+struct StreamGuard {
     policy: Arc<Policy>,
     audit: Option<CutAudit>,
     counter: Family<RouteLabels, Counter>,
@@ -140,7 +140,7 @@ enum Release {
     All,
 }
 
-impl Guard {
+impl StreamGuard {
     fn new(
         policy: Arc<Policy>,
         counter: Family<RouteLabels, Counter>,
@@ -148,8 +148,8 @@ impl Guard {
         config: StreamGuardConfig,
         sse: bool,
         tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
-    ) -> Guard {
-        Guard {
+    ) -> StreamGuard {
+        StreamGuard {
             policy,
             audit: None,
             counter,

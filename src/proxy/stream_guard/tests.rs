@@ -213,7 +213,7 @@ async fn an_event_without_end_is_not_held_for_the_whole_stream() {
 async fn a_character_split_across_frames_is_read_whole() {
     let text = "パスワード。".as_bytes();
     let (tx, _rx) = mpsc::channel(1);
-    let mut g = Guard::new(policy(), Family::default(), "t".into(), config(100, 4096), false, tx);
+    let mut g = StreamGuard::new(policy(), Family::default(), "t".into(), config(100, 4096), false, tx);
     assert!(!g.take_text(&Bytes::copy_from_slice(&text[..4])));
     assert!(g.take_text(&Bytes::copy_from_slice(&text[4..])), "the full stop ends a sentence");
     assert_eq!(g.generated, "パスワード。");

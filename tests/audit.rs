@@ -6,6 +6,7 @@
 mod common;
 
 use common::app;
+use common::routes::screened_route;
 use http::StatusCode;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -62,36 +63,14 @@ fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, s
             .replace("max_utilization = 1.0", "max_utilization = 0.5")
             .replace("when_saturated = \"rules\"", "when_saturated = \"shed\""),
     );
-    let routes = format!(
-        r#"
-        [[routes]]
-        name = "chat"
-        path_prefix = "/echo/chat"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        tenant = "/tenant"
-        on_error = "open"
-
-        [[routes]]
-        name = "busy"
-        path_prefix = "/echo/busy"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        on_error = "open"
-        policy = "{busy}"
-
-        [[routes]]
-        name = "guarded"
-        path = "/text"
-        upstream = ["{app}"]
-        [routes.stream_guard]
-        buffer_ms = 50
-        "#,
-        app = app.url(),
-        busy = busy.display(),
-    );
+    let app = app.url();
+    let busy = format!("policy = \"{}\"", busy.display());
+    let routes = [
+        screened_route("chat", "/echo/chat", &app, &["tenant = \"/tenant\"", "on_error = \"open\""]),
+        screened_route("busy", "/echo/busy", &app, &["on_error = \"open\"", &busy]),
+        format!("[[routes]]\nname = \"guarded\"\npath = \"/text\"\nupstream = [\"{app}\"]\n[routes.stream_guard]\nbuffer_ms = 50\n"),
+    ]
+    .concat();
     let policies = common::repo().join("policies");
     let mut config = common::config_with_routes(&policies, &routes);
     config.audit = Some(AuditConfig { dir: dir.to_path_buf(), text: TextMode::Redacted, ..AuditConfig::default() });

@@ -8,6 +8,7 @@
 mod common;
 
 use common::app::{self, AppHandle};
+use common::routes::screened_route;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,31 +19,14 @@ const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the u
 /// live policy, and `/echo/open-busy`, `/echo/closed-busy` under a policy whose cpu tier is
 /// saturated at the fake 95 % load and which sheds when no model tier can take a request.
 fn routes(app: &AppHandle, busy_policy: &std::path::Path) -> String {
+    let policy = format!("policy = \"{}\"", busy_policy.display());
     let mut out = String::new();
     for (name, mode) in [("open", "open"), ("closed", "closed")] {
-        out.push_str(&format!(
-            r#"
-            [[routes]]
-            name = "{name}-busy"
-            path_prefix = "/echo/{name}-busy"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-            on_error = "{mode}"
-            policy = "{policy}"
-
-            [[routes]]
-            name = "{name}"
-            path_prefix = "/echo/{name}"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-            max_body_bytes = 4096
-            on_error = "{mode}"
-            "#,
-            app = app.url(),
-            policy = busy_policy.display(),
-        ));
+        let on_error = format!("on_error = \"{mode}\"");
+        let busy = format!("{name}-busy");
+        out.push_str(&screened_route(&busy, &format!("/echo/{busy}"), &app.url(), &[&on_error, &policy]));
+        let limit = "max_body_bytes = 4096";
+        out.push_str(&screened_route(name, &format!("/echo/{name}"), &app.url(), &[limit, &on_error]));
     }
     out
 }

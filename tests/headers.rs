@@ -7,6 +7,7 @@ mod common;
 
 use common::app::{self, AppHandle};
 use common::proxy::{Setup, BENIGN};
+use common::routes::{route, screened_route};
 use serde_json::{json, Value};
 use sha2::Digest;
 use std::net::SocketAddr;
@@ -30,20 +31,9 @@ fn setup() -> &'static Setup {
             "{key_hash}" = "payments"
             [tenants.known]
             payments = "default"
-
-            [[routes]]
-            name = "chat"
-            path_prefix = "/echo/chat"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-
-            [[routes]]
-            name = "plain"
-            path_prefix = "/echo/plain"
-            upstream = ["{app}"]
-            "#,
-            app = app.url()
+            {chat}{plain}"#,
+            chat = screened_route("chat", "/echo/chat", &app.url(), &[]),
+            plain = route("plain", "/echo/plain", &app.url()),
         );
         let mut config = common::config_with_routes(&common::repo().join("policies"), &toml);
         config.tenants = tiergate::Config::parse(&toml).unwrap().tenants;

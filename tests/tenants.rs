@@ -7,6 +7,7 @@
 mod common;
 
 use common::openai_stub::{self, Behaviour};
+use common::routes::screened_route;
 use common::Sidecar;
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -243,13 +244,12 @@ async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_route_names_its_tenant_and_its_claim_source_is_ignored_by_default() {
     let app = common::app::start();
-    let routes = format!(
-        "[[routes]]\nname = \"support\"\npath_prefix = \"/echo/support\"\nupstream = [\"{app}\"]\n\
-         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\ntenant_name = \"chat\"\n\
-         [[routes]]\nname = \"open\"\npath_prefix = \"/echo/open\"\nupstream = [\"{app}\"]\n\
-         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\n",
-        app = app.url()
-    );
+    let tenant = "tenant = \"/tenant\"";
+    let routes = [
+        screened_route("support", "/echo/support", &app.url(), &[tenant, "tenant_name = \"chat\""]),
+        screened_route("open", "/echo/open", &app.url(), &[tenant]),
+    ]
+    .concat();
     let s = serve("route", &common::repo().join("policies"), &format!("{routes}{}", identity_config("")));
     let post = |path: &'static str, body: Value| {
         let public = s.public;

@@ -8,6 +8,7 @@ pub mod openai_stub;
 pub mod proxy;
 pub mod python;
 pub mod redis;
+pub mod routes;
 pub mod service;
 pub mod tansu;
 

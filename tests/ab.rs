@@ -18,11 +18,7 @@ const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan
 
 /// A candidate that trusts no model verdict (rules decide everything) and blocks by default.
 fn blocks_everything() -> std::path::PathBuf {
-    common::policies_with_routing(
-        "ab-candidate",
-        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n\
-         [default]\naction = \"block\"\nscore = 0.95\n",
-    )
+    common::rules_only_candidate("ab-candidate", 0.95)
 }
 
 /// The API key of tenant `acme` (its SHA-256 is in the config).

@@ -56,13 +56,7 @@ async fn post(addr: std::net::SocketAddr, path: &str, id: &str, body: Value) -> 
 fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, std::sync::Arc<tiergate::Gateway>) {
     // A route policy under which the (fake, 95 %) busy cpu is saturated and no model tier can
     // take a request: tiergate's own fault, which the fail-open route forwards unscreened.
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy = common::policies_with_routing(
-        "audit-busy",
-        &routing
-            .replace("max_utilization = 1.0", "max_utilization = 0.5")
-            .replace("when_saturated = \"rules\"", "when_saturated = \"shed\""),
-    );
+    let busy = common::saturated_policies("audit-busy", true);
     let app = app.url();
     let busy = format!("policy = \"{}\"", busy.display());
     let routes = [
@@ -78,9 +72,7 @@ fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, s
     config.tenants.accept_claimed = true;
     // A candidate under which every model verdict is at least `review`: it disagrees with the
     // live policy's `allow`s.
-    let routing = std::fs::read_to_string(policies.join("routing.toml")).unwrap();
-    let candidate =
-        common::policies_with_routing("audit-shadow", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+    let candidate = common::reviewing_policies("audit-shadow");
     config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, ..Default::default() };
     config.signals.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));

@@ -35,11 +35,7 @@ fn routes(app: &AppHandle, busy_policy: &std::path::Path) -> String {
 /// request per second (burst 1); the app behind it.
 fn start() -> (SocketAddr, AppHandle) {
     let app = app::start();
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy = routing
-        .replace("max_utilization = 1.0", "max_utilization = 0.5")
-        .replace("when_saturated = \"rules\"", "when_saturated = \"shed\"");
-    let busy_policy = common::policies_with_routing("fail-open-busy", &busy);
+    let busy_policy = common::saturated_policies("fail-open-busy", true);
     let tenants = r#"
         [tenants]
         trusted_header = "x-client-tenant"

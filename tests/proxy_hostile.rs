@@ -410,9 +410,7 @@ async fn connections_over_the_cap_wait_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_says_what_happens_to_a_decision_made_under_overload() {
     let app = app::start();
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy_policy =
-        common::policies_with_routing("proxy-busy", &routing.replace("max_utilization = 1.0", "max_utilization = 0.5"));
+    let busy_policy = common::saturated_policies("proxy-busy", false);
     let policy = format!("policy = \"{}\"", busy_policy.display());
     let routes = [
         screened_route("forward", "/echo/forward", &app.url(), &[&policy]),

@@ -188,6 +188,70 @@ pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     dir
 }
 
+/// The bundled `policies/routing.toml`.
+pub fn bundled_routing() -> String {
+    std::fs::read_to_string(repo().join("policies/routing.toml")).unwrap()
+}
+
+/// [`policies_with_routing`] with the bundled routing.toml, each `(from, to)` of `edits` replaced
+/// in turn (each must be there).
+pub fn policies_with_edited_routing(name: &str, edits: &[(&str, &str)]) -> PathBuf {
+    let mut routing = bundled_routing();
+    for (from, to) in edits {
+        assert!(routing.contains(from), "policies/routing.toml has no {from:?}");
+        routing = routing.replace(from, to);
+    }
+    policies_with_routing(name, &routing)
+}
+
+/// The bundled policies with the cpu tier saturated at 50 % (so a [`FakeCpu`] at 95 % leaves no
+/// model tier able to take a request) and, with `shed`, `when_saturated = "shed"` instead of
+/// `"rules"`.
+pub fn saturated_policies(name: &str, shed: bool) -> PathBuf {
+    let cpu = ("max_utilization = 1.0", "max_utilization = 0.5");
+    match shed {
+        true => policies_with_edited_routing(name, &[cpu, ("when_saturated = \"rules\"", "when_saturated = \"shed\"")]),
+        false => policies_with_edited_routing(name, &[cpu]),
+    }
+}
+
+/// The bundled policies with `review_at = 0.0`: every model verdict is at least `review`.
+pub fn reviewing_policies(name: &str) -> PathBuf {
+    policies_with_edited_routing(name, &[("review_at = 0.3", "review_at = 0.0")])
+}
+
+/// A candidate policy that trusts no model verdict (`accept_below = 1.0`): rules decide
+/// everything, and where none matches, `block` with `score`.
+pub fn rules_only_candidate(name: &str, score: f64) -> PathBuf {
+    let routing = format!(
+        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n\
+         [default]\naction = \"block\"\nscore = {score}\n"
+    );
+    policies_with_routing(name, &routing)
+}
+
+/// A policy directory of the bundled routing.toml and `rules` as rules.toml (nothing else), in a
+/// fresh temporary directory.
+pub fn policies_with_rules(name: &str, rules: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiergate-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(repo().join("policies/routing.toml"), dir.join("routing.toml")).unwrap();
+    std::fs::write(dir.join("rules.toml"), rules).unwrap();
+    dir
+}
+
+/// `tiergate check-policy DIR`: its exit code and what it wrote to stderr.
+pub fn check_policy(dir: &Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .current_dir(repo())
+        .arg("check-policy")
+        .arg(dir)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// A CPU-load source the test controls.
 pub struct FakeCpu(pub std::sync::Mutex<f64>);
 

@@ -37,9 +37,7 @@ pub fn setup() -> &'static Setup {
     static SETUP: OnceLock<Setup> = OnceLock::new();
     shared(&SETUP, |app| {
         // A route policy under which every model verdict is at least `review`.
-        let routing = std::fs::read_to_string(super::repo().join("policies/routing.toml")).unwrap();
-        let review_policy =
-            super::policies_with_routing("proxy-review", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+        let review_policy = super::reviewing_policies("proxy-review");
         let routes = include_str!("proxy_routes.toml")
             .replace("{app}", &app.url())
             .replace("{dead}", &dead_address())

@@ -277,18 +277,7 @@ async fn detached_records_wait_in_a_bounded_overflow_and_past_it_are_counted_dro
 /// `tiergate serve` with the audit trail in `dir/audit`, an hour between flushes (so that only a
 /// full queue or the shutdown can commit) and `audit` (more `[audit]` lines).
 fn serve_audited(dir: &Path, audit: &str) -> common::Sidecar {
-    std::fs::create_dir_all(dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let repo = common::repo();
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n{audit}\n",
-        repo.join("models").display(),
-        repo.join("policies").display(),
-        dir.join("audit").display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    common::Sidecar::audited(dir, &format!("flush_interval_ms = 3600000\n{audit}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,16 +23,7 @@ fn sha256_hex(key: &str) -> String {
 fn serve(name: &str, policies: &Path, extra: &str) -> Sidecar {
     let dir: PathBuf = std::env::temp_dir().join(format!("tiergate-tenants-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n{extra}",
-        common::repo().join("models").display(),
-        policies.display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    Sidecar::serve_in(&dir, policies, extra)
 }
 
 async fn classify(s: &Sidecar, headers: &[(&str, &str)], body: Value) -> common::Reply {

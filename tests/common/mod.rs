@@ -309,6 +309,17 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A `tiergate serve` config (TOML): listeners on `public` and `admin`, the bundled model, the
+/// policies in `policies` (not watched: reloads are the tests'), then the sections `extra`.
+pub fn serve_config(public: SocketAddr, admin: SocketAddr, policies: &Path, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
+         [policies]\ndir = \"{}\"\nwatch = false\n{extra}",
+        repo().join("models").display(),
+        policies.display()
+    )
+}
+
 /// The real tiergate binary serving `config/sidecar.example.toml` in front of `app_url`, on
 /// free loopback ports; killed on drop (also when a test fails).
 pub struct Sidecar {
@@ -339,6 +350,23 @@ impl Sidecar {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
         command.args(["serve", "--config"]).arg(config);
         Sidecar::spawn(command, public, admin)
+    }
+
+    /// `tiergate serve` on free ports with [`serve_config`] of `policies` and `extra`, written
+    /// into `dir` (created if missing) as `tiergate-PORT.toml`.
+    pub fn serve_in(dir: &Path, policies: &Path, extra: &str) -> Sidecar {
+        std::fs::create_dir_all(dir).unwrap();
+        let (public, admin) = (free_port(), free_port());
+        let path = dir.join(format!("tiergate-{}.toml", public.port()));
+        std::fs::write(&path, serve_config(public, admin, policies, extra)).unwrap();
+        Sidecar::serve(&path, public, admin)
+    }
+
+    /// [`Sidecar::serve_in`] `dir` with the bundled policies and the audit trail in `dir/audit`,
+    /// with the further `[audit]` lines `audit`.
+    pub fn audited(dir: &Path, audit: &str) -> Sidecar {
+        let audit = format!("[audit]\ndir = \"{}\"\n{audit}\n", dir.join("audit").display());
+        Sidecar::serve_in(dir, &repo().join("policies"), &audit)
     }
 
     fn spawn(mut command: std::process::Command, public: SocketAddr, admin: SocketAddr) -> Sidecar {

@@ -145,14 +145,8 @@ system = "You screen messages for fraud, scams and phishing. Answer only with JS
 user = "Message:\n{text}"
 "#;
 
-/// (tier, outcome) of each step of a decision's path.
-fn steps(d: &Value) -> Vec<(String, String)> {
-    let path = d["path"].as_array().unwrap_or_else(|| panic!("no path: {d}"));
-    path.iter().map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into())).collect()
-}
-
 fn reached_gpu(d: &Value) -> bool {
-    steps(d).contains(&("gpu".into(), "accepted".into()))
+    common::path_steps(d).contains(&("gpu".into(), "accepted".into()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +212,7 @@ async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reac
     let calls = stub.requests();
     for _ in 0..2 {
         let d = classify(&s, &c, json!({"text": TEXT})).await.json();
-        assert!(!reached_gpu(&d) && steps(&d)[0].0 == "cpu", "{d}");
+        assert!(!reached_gpu(&d) && common::path_steps(&d)[0].0 == "cpu", "{d}");
         assert!(
             d.to_string().contains("tenant c spent its gpu_daily_budget of 1 calls (renews at midnight UTC)"),
             "{d}"

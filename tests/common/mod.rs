@@ -177,6 +177,17 @@ pub fn labelled(name: &str) -> Vec<(String, u8)> {
         .collect()
 }
 
+/// (tier, outcome) of each step of a decision's `path`.
+pub fn path_steps(d: &serde_json::Value) -> Vec<(String, String)> {
+    let path = d["path"].as_array().unwrap_or_else(|| panic!("no path: {d}"));
+    path.iter().map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into())).collect()
+}
+
+/// The gateway's signals now, read under its live policy as a decision would read them.
+pub fn signals_now(gateway: &Gateway) -> tiergate::select::SignalsSnapshot {
+    gateway.snapshot(tokio::time::Instant::now(), &gateway.policies.snapshot())
+}
+
 /// A copy of the bundled policies with `routing.toml` replaced, in a fresh temporary directory.
 pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tiergate-test-{name}-{}", std::process::id()));

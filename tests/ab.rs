@@ -14,7 +14,7 @@ use tiergate::decision::Arm;
 use tiergate::gateway::ab::band::arm_of;
 use tiergate::Config;
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 
 /// A candidate that trusts no model verdict (rules decide everything) and blocks by default.
 fn blocks_everything() -> std::path::PathBuf {

@@ -17,9 +17,7 @@ use tiergate::audit::store::Store;
 use tiergate::audit::{AuditConfig, AuditRecord, Draft, Kind, ModelRef, OnFull, TextMode};
 use tiergate::gateway::{ShadowConfig, Sources};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
-const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+use common::{BENIGN_WITH_EMAIL as BENIGN, PHISHING};
 const RISKY: &str = "Please send your password to http://evil.example/login now.";
 
 fn scratch(name: &str) -> PathBuf {

@@ -13,7 +13,7 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
+use common::BENIGN;
 
 /// Routes `/echo/open/*` and `/echo/closed/*` (text at `/text`, bodies up to 4 KiB) under the
 /// live policy, and `/echo/open-busy`, `/echo/closed-busy` under a policy whose cpu tier is

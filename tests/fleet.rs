@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 /// The default class's quota: every test request is from the unknown tenant, one shared key.
 const PER_SECOND: u32 = 20;
 const BURST: u32 = 20;

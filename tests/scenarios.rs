@@ -15,7 +15,7 @@ use tiergate::audit::query::{self, Filter};
 use tiergate::audit::store::Store;
 use tiergate::audit::AuditRecord;
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 
 /// Thresholds every model score reaches, and a deadline no model tier can meet.
 const TEST_SCENARIOS: &str = "[scenarios.strict]\nreview_at = 0.0\nblock_at = 0.0\n\

@@ -23,6 +23,14 @@ use std::sync::Arc;
 use tiergate::gateway::Sources;
 use tiergate::{App, Config, Gateway};
 
+/// A benign chat message the bundled policy allows.
+pub const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
+/// [`BENIGN`]'s variant with an e-mail address in it (which redacted audit text hides).
+pub const BENIGN_WITH_EMAIL: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+/// A credential-phishing message the bundled policy blocks.
+pub const PHISHING: &str =
+    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+
 /// A loopback address for a child process (`tiergate serve`, Redis, the broker) to listen on.
 ///
 /// Ports come from below Linux's ephemeral range (32768-60999), so nothing in this process that

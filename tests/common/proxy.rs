@@ -9,9 +9,8 @@ use std::time::Duration;
 use tiergate::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
-pub const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+#[allow(unused_imports)] // for the proxy tests, which glob-import this module
+pub use super::{BENIGN, PHISHING};
 
 /// A tiergate in front of an app, shared by the tests of a binary ([`shared`]).
 pub struct Setup {

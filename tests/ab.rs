@@ -14,15 +14,11 @@ use tiergate::decision::Arm;
 use tiergate::gateway::ab::band::arm_of;
 use tiergate::Config;
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 
 /// A candidate that trusts no model verdict (rules decide everything) and blocks by default.
 fn blocks_everything() -> std::path::PathBuf {
-    common::policies_with_routing(
-        "ab-candidate",
-        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n\
-         [default]\naction = \"block\"\nscore = 0.95\n",
-    )
+    common::rules_only_candidate("ab-candidate", 0.95)
 }
 
 /// The API key of tenant `acme` (its SHA-256 is in the config).
@@ -57,21 +53,15 @@ fn metric(text: &str, line_start: &str) -> Option<u64> {
 fn serve_ab(candidate: &std::path::Path) -> (common::Sidecar, SocketAddr, SocketAddr) {
     let dir = std::env::temp_dir().join(format!("tiergate-ab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n\
-         [ab]\ndir = \"{}\"\nshare = 0.5\nsticky = \"header\"\nkey_header = \"x-ab-key\"\nblock_band = 0.2\n\
+    let ab = format!(
+        "[ab]\ndir = \"{}\"\nshare = 0.5\nsticky = \"header\"\nkey_header = \"x-ab-key\"\nblock_band = 0.2\n\
          min_samples = 5\nwindow_s = 60\nbreach_for_s = 0\n\
          [tenants]\naccept_claimed = true\n[tenants.known]\nacme = \"default\"\n\
          [tenants.api_keys]\n\"2f92845518aab11b622f37edb67bcca73d8aabb6d1771b11ff2cde5c159c2840\" = \"acme\"\n",
-        common::repo().join("models").display(),
-        common::repo().join("policies").display(),
         candidate.display(),
     );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    let server = common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin);
+    let server = common::Sidecar::serve_in(&dir, &common::repo().join("policies"), &ab);
+    let (public, admin) = (server.public, server.admin);
     (server, public, admin)
 }
 

@@ -6,6 +6,7 @@
 mod common;
 
 use common::app;
+use common::routes::screened_route;
 use http::StatusCode;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -16,9 +17,7 @@ use tiergate::audit::store::Store;
 use tiergate::audit::{AuditConfig, AuditRecord, Draft, Kind, ModelRef, OnFull, TextMode};
 use tiergate::gateway::{ShadowConfig, Sources};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
-const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+use common::{BENIGN_WITH_EMAIL as BENIGN, PHISHING};
 const RISKY: &str = "Please send your password to http://evil.example/login now.";
 
 fn scratch(name: &str) -> PathBuf {
@@ -55,43 +54,15 @@ async fn post(addr: std::net::SocketAddr, path: &str, id: &str, body: Value) -> 
 fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, std::sync::Arc<tiergate::Gateway>) {
     // A route policy under which the (fake, 95 %) busy cpu is saturated and no model tier can
     // take a request: tiergate's own fault, which the fail-open route forwards unscreened.
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy = common::policies_with_routing(
-        "audit-busy",
-        &routing
-            .replace("max_utilization = 1.0", "max_utilization = 0.5")
-            .replace("when_saturated = \"rules\"", "when_saturated = \"shed\""),
-    );
-    let routes = format!(
-        r#"
-        [[routes]]
-        name = "chat"
-        path_prefix = "/echo/chat"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        tenant = "/tenant"
-        on_error = "open"
-
-        [[routes]]
-        name = "busy"
-        path_prefix = "/echo/busy"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        on_error = "open"
-        policy = "{busy}"
-
-        [[routes]]
-        name = "guarded"
-        path = "/text"
-        upstream = ["{app}"]
-        [routes.stream_guard]
-        buffer_ms = 50
-        "#,
-        app = app.url(),
-        busy = busy.display(),
-    );
+    let busy = common::saturated_policies("audit-busy", true);
+    let app = app.url();
+    let busy = format!("policy = \"{}\"", busy.display());
+    let routes = [
+        screened_route("chat", "/echo/chat", &app, &["tenant = \"/tenant\"", "on_error = \"open\""]),
+        screened_route("busy", "/echo/busy", &app, &["on_error = \"open\"", &busy]),
+        format!("[[routes]]\nname = \"guarded\"\npath = \"/text\"\nupstream = [\"{app}\"]\n[routes.stream_guard]\nbuffer_ms = 50\n"),
+    ]
+    .concat();
     let policies = common::repo().join("policies");
     let mut config = common::config_with_routes(&policies, &routes);
     config.audit = Some(AuditConfig { dir: dir.to_path_buf(), text: TextMode::Redacted, ..AuditConfig::default() });
@@ -99,9 +70,7 @@ fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, s
     config.tenants.accept_claimed = true;
     // A candidate under which every model verdict is at least `review`: it disagrees with the
     // live policy's `allow`s.
-    let routing = std::fs::read_to_string(policies.join("routing.toml")).unwrap();
-    let candidate =
-        common::policies_with_routing("audit-shadow", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+    let candidate = common::reviewing_policies("audit-shadow");
     config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, ..Default::default() };
     config.signals.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
@@ -306,18 +275,7 @@ async fn detached_records_wait_in_a_bounded_overflow_and_past_it_are_counted_dro
 /// `tiergate serve` with the audit trail in `dir/audit`, an hour between flushes (so that only a
 /// full queue or the shutdown can commit) and `audit` (more `[audit]` lines).
 fn serve_audited(dir: &Path, audit: &str) -> common::Sidecar {
-    std::fs::create_dir_all(dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let repo = common::repo();
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 3600000\n{audit}\n",
-        repo.join("models").display(),
-        repo.join("policies").display(),
-        dir.join("audit").display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    common::Sidecar::audited(dir, &format!("flush_interval_ms = 3600000\n{audit}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,18 +149,7 @@ impl Drop for CpuHog {
 
 /// `tiergate serve` with the audit trail in `dir/audit` and these `[audit]` lines.
 fn serve(dir: &Path, audit: &str) -> common::Sidecar {
-    std::fs::create_dir_all(dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let repo = common::repo();
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\n{audit}\n",
-        repo.join("models").display(),
-        repo.join("policies").display(),
-        dir.join("audit").display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    common::Sidecar::audited(dir, audit)
 }
 
 /// The flush interval of the SIGKILL test, ms.

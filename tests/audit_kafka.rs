@@ -26,22 +26,13 @@ type Server = common::Sidecar;
 impl Server {
     /// With the audit trail in `dir` shipped to `broker`, flushing every `flush_ms`.
     fn with_audit(dir: &Path, broker: &str, flush_ms: u64) -> Server {
-        let (public, admin) = (common::free_port(), common::free_port());
-        let repo = common::repo();
-        let config = format!(
-            "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-             [policies]\ndir = \"{}\"\nwatch = false\n\
-             [audit]\ndir = \"{}\"\nflush_interval_ms = {flush_ms}\n\
+        let audit = format!(
+            "flush_interval_ms = {flush_ms}\n\
              [audit.kafka]\nbrokers = [\"{broker}\"]\ntopic = \"{TOPIC}\"\npoll_interval_ms = 20\n\
              batch_records = 50\nrequest_timeout_ms = 1000\nbackoff_initial_ms = 20\nbackoff_max_ms = 300\n\
-             drain_timeout_ms = 10000\n",
-            repo.join("models").display(),
-            repo.join("policies").display(),
-            dir.join("audit").display()
+             drain_timeout_ms = 10000"
         );
-        let path = dir.join(format!("tiergate-{}.toml", public.port()));
-        std::fs::write(&path, config).unwrap();
-        Server::serve(&path, public, admin)
+        Server::audited(dir, &audit)
     }
 
     /// Classifies one text as request `id`; panics unless it is answered 200.

@@ -5,7 +5,7 @@
 mod common;
 use common::openai_stub::{self, Behaviour, Fail};
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::{Arc, Mutex};
 use tiergate::gateway::Sources;
 use tiergate::select::GpuMemory;
@@ -42,15 +42,6 @@ fn idle_cpu() -> Arc<FakeCpu> {
     Arc::new(FakeCpu(Mutex::new(0.1)))
 }
 
-fn outcomes(d: &Value) -> Vec<(String, String)> {
-    d["path"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into()))
-        .collect()
-}
-
 fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
 }
@@ -85,12 +76,12 @@ async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     let (addr, gateway) = start_with(c, sources(&idle_cpu(), &gpu));
     let free_mb = move |mb: u64| {
         let g = Arc::clone(&gateway);
-        move || g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).gpu.memory == GpuMemory::FreeMb(mb)
+        move || signals_now(&g).gpu.memory == GpuMemory::FreeMb(mb)
     };
     eventually("a GPU reading", free_mb(40_000)).await;
 
     let d = classify(addr, json!({"text": PHISH})).await.json();
-    assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "accepted")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "accepted")]), "{d}");
     assert!(d["path"][0]["reason"].as_str().unwrap().contains("escalating to gpu"), "{d}");
     assert_eq!(d["tier"], "gpu");
     assert_eq!(d["label"], "risk");
@@ -101,7 +92,7 @@ async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     gpu.set_free_mb(1000);
     eventually("the low GPU memory reading", free_mb(1000)).await;
     let d = classify(addr, json!({"text": PHISH})).await.json();
-    assert_eq!(outcomes(&d), pairs(&[("cpu", "accepted")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("cpu", "accepted")]), "{d}");
     let reason = d["path"][0]["reason"].as_str().unwrap();
     assert!(
         reason.contains("not escalated: gpu ineligible: gpu free memory 1000 MiB below min_free_memory_mb 2048"),
@@ -115,7 +106,7 @@ async fn upstream_backend_escalation_with_logprob_confidence() {
     let (addr, _) =
         upstream_server("up-ok", &[&stub], &routing(""), &idle_cpu(), &Arc::new(FakeGpu::with_free_mb(40_000))).await;
     let d = classify(addr, json!({"text": PHISH})).await.json();
-    assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "accepted")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "accepted")]), "{d}");
     assert_eq!(d["tier"], "gpu");
     assert!((d["risk_score"].as_f64().unwrap() - 0.97).abs() < 1e-6, "{d}");
     assert_eq!(d["path"][1]["endpoint"], stub.url());
@@ -135,13 +126,13 @@ async fn upstream_errors_fall_back_to_rules_and_open_the_circuit() {
         assert_eq!(r.status, 200, "a tier failure never fails the request");
         let d = r.json();
         assert_eq!(d["tier"], "rules", "{d}");
-        let gpu_outcome = outcomes(&d)[1].1.clone();
+        let gpu_outcome = path_steps(&d)[1].1.clone();
         assert!(matches!(gpu_outcome.as_str(), "error" | "unavailable"), "{d}");
     }
     // Three failures opened the circuit: the gpu tier is skipped without being called.
     let calls = stub.requests();
     let d = classify(addr, json!({"text": PHISH})).await.json();
-    assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "skipped"), ("rules", "matched")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "skipped"), ("rules", "matched")]), "{d}");
     assert!(d["path"][1]["reason"].as_str().unwrap().contains("gpu circuit open"), "{d}");
     assert_eq!(stub.requests(), calls);
     let ready = send(addr, "GET", "/readyz", &[], "").await.json();
@@ -156,7 +147,7 @@ async fn a_failed_escalation_keeps_a_cpu_verdict_that_would_have_stood() {
     let (addr, _) =
         upstream_server("up-keep", &[&stub], &routing(""), &idle_cpu(), &Arc::new(FakeGpu::with_free_mb(40_000))).await;
     let d = classify(addr, json!({"text": PHISH})).await.json();
-    let o = outcomes(&d);
+    let o = path_steps(&d);
     assert_eq!(o[0], ("cpu".to_string(), "low_confidence".to_string()), "{d}");
     assert_eq!(o[1].0, "gpu", "{d}");
     assert_eq!(o[2], ("cpu".to_string(), "accepted".to_string()), "{d}");
@@ -172,7 +163,7 @@ async fn upstream_timeout_falls_back_and_a_short_deadline_skips_the_gpu() {
     let started = std::time::Instant::now();
     let r = classify_within(addr, json!({"text": PHISH}), 120).await;
     let d = r.json();
-    assert_eq!(outcomes(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "timeout"), ("rules", "matched")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("cpu", "low_confidence"), ("gpu", "timeout"), ("rules", "matched")]), "{d}");
     assert!(started.elapsed() < std::time::Duration::from_millis(380), "the deadline cut the call short");
 
     // Teach the tier its p95 (~100 ms), then ask with a deadline that cannot cover it.
@@ -185,7 +176,7 @@ async fn upstream_timeout_falls_back_and_a_short_deadline_skips_the_gpu() {
     tokio::time::sleep(std::time::Duration::from_millis(150)).await; // p95 refresh
     let r = classify_within(addr, json!({"text": PHISH}), 60).await;
     let d = r.json();
-    assert_eq!(outcomes(&d)[1], ("gpu".to_string(), "skipped".to_string()), "{d}");
+    assert_eq!(path_steps(&d)[1], ("gpu".to_string(), "skipped".to_string()), "{d}");
     assert!(d["path"][1]["reason"].as_str().unwrap().contains("does not cover gpu queue wait 0.0 ms + service"), "{d}");
     assert_eq!(d["tier"], "rules");
 }
@@ -199,22 +190,16 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
         upstream_server("saturated", &[&stub], &routing(extra), &cpu, &Arc::new(FakeGpu::with_free_mb(40_000))).await;
     *cpu.0.lock().unwrap() = 0.97;
     let g = Arc::clone(&gateway);
-    eventually("cpu utilisation above 0.8", move || {
-        g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).cpu.utilization.is_some_and(|u| u > 0.8)
-    })
-    .await;
+    eventually("cpu utilisation above 0.8", move || signals_now(&g).cpu.utilization.is_some_and(|u| u > 0.8)).await;
     let d = classify(addr, json!({"text": "see you at the station at 6"})).await.json();
-    assert_eq!(outcomes(&d), pairs(&[("gpu", "accepted")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("gpu", "accepted")]), "{d}");
     assert_eq!(d["tier"], "gpu");
     assert_eq!(d["label"], "ok");
 
     // And with the only upstream failing its health checks, nothing can take the request: 503.
     stub.set_health(503);
     let g = Arc::clone(&gateway);
-    eventually("the upstream marked unhealthy", move || {
-        g.snapshot(tokio::time::Instant::now(), &g.policies.snapshot()).gpu.endpoints_available == Some(0)
-    })
-    .await;
+    eventually("the upstream marked unhealthy", move || signals_now(&g).gpu.endpoints_available == Some(0)).await;
     let r = classify(addr, json!({"text": "see you at the station at 6"})).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.headers["retry-after"], "3");
@@ -243,7 +228,7 @@ async fn complex_requests_start_on_the_gpu_and_explain_says_why() {
     )
     .await;
     let d = r.json();
-    assert_eq!(outcomes(&d), pairs(&[("gpu", "accepted")]), "{d}");
+    assert_eq!(path_steps(&d), pairs(&[("gpu", "accepted")]), "{d}");
     let ex = &d["explain"];
     assert_eq!(ex["start"]["stage"], "gpu");
     assert!(ex["start"]["reason"].as_str().unwrap().contains("above cpu_max_complexity 0.05"), "{ex}");

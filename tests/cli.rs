@@ -16,17 +16,12 @@ fn check_policy_accepts_the_bundled_policy_and_rejects_a_broken_one() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("is valid: version "));
 
-    let dir = std::env::temp_dir().join(format!("tiergate-broken-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(repo().join("policies/routing.toml"), dir.join("routing.toml")).unwrap();
-    std::fs::write(
-        dir.join("rules.toml"),
+    let dir = common::policies_with_rules(
+        "broken",
         "[[rules]]\nname = \"oops\"\nwhen = \"signals.link >\"\naction = \"block\"\nscore = 0.9\n",
-    )
-    .unwrap();
-    let out = tiergate().arg("check-policy").arg(&dir).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
+    let (code, err) = common::check_policy(&dir);
+    assert_eq!(code, Some(1));
     assert!(err.contains("rules.toml") && err.contains("rule `oops`") && err.contains("bad CEL"), "{err}");
 }
 

@@ -10,8 +10,7 @@ use common::app;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+use common::PHISHING;
 const HARMLESS: &str = "Thanks, that sounds good. See you at lunch tomorrow.";
 
 async fn post(sidecar: &common::Sidecar, body: &Value) -> common::Reply {

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::routes::screened_route;
 use common::{config_with_routes, policies_with_routing, repo, send, start_with_admin, FakeCpu, FakeGpu};
 use promql_parser::parser::Expr;
 use promql_parser::util::{walk_expr, ExprVisitor};
@@ -70,10 +71,7 @@ const ROUTING: &str = "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\nes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_names_is_exported() {
     let app = common::app::start();
-    let routes = format!(
-        "[[routes]]\nname = \"chat\"\npath_prefix = \"/echo\"\nupstream = [\"{}\"]\n[routes.screen]\ntext = [\"/text\"]\n",
-        app.url()
-    );
+    let routes = screened_route("chat", "/echo", &app.url(), &[]);
     let mut c = config_with_routes(&policies_with_routing("dashboard", ROUTING), &routes);
     c.gpu.backend = "onnx".into();
     c.gpu.onnx.dir = repo().join("models");

@@ -14,15 +14,6 @@ async fn decide(text: &str, features: Value) -> Value {
     reply.json()
 }
 
-fn steps(d: &Value) -> Vec<(String, String)> {
-    d["path"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into()))
-        .collect()
-}
-
 const BENIGN: &str = "Thanks again for hosting the team on Friday. The walk along the river was lovely, the \
     food at the harbour place was better than last year, and everyone agreed the quiz should become a \
     tradition. Photos are in the shared album; Priya has the ones from the boat. Next quarter we will \
@@ -81,7 +72,7 @@ async fn other_languages_never_get_a_cpu_verdict() {
         "Sehr geehrter Kunde, Ihr Konto wurde gesperrt. Bitte bestätigen Sie Ihre Daten sofort unter http://bank.example.top",
     ] {
         let d = decide(text, json!({})).await;
-        assert_eq!(steps(&d)[0], ("cpu".into(), "language".into()), "{d}");
+        assert_eq!(path_steps(&d)[0], ("cpu".into(), "language".into()), "{d}");
         assert_ne!(d["tier"], "cpu", "{d}");
         assert!(d["path"][0]["reason"].as_str().unwrap().contains("not one the model reads"), "{d}");
     }

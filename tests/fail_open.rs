@@ -8,41 +8,25 @@
 mod common;
 
 use common::app::{self, AppHandle};
+use common::routes::screened_route;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
+use common::BENIGN;
 
 /// Routes `/echo/open/*` and `/echo/closed/*` (text at `/text`, bodies up to 4 KiB) under the
 /// live policy, and `/echo/open-busy`, `/echo/closed-busy` under a policy whose cpu tier is
 /// saturated at the fake 95 % load and which sheds when no model tier can take a request.
 fn routes(app: &AppHandle, busy_policy: &std::path::Path) -> String {
+    let policy = format!("policy = \"{}\"", busy_policy.display());
     let mut out = String::new();
     for (name, mode) in [("open", "open"), ("closed", "closed")] {
-        out.push_str(&format!(
-            r#"
-            [[routes]]
-            name = "{name}-busy"
-            path_prefix = "/echo/{name}-busy"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-            on_error = "{mode}"
-            policy = "{policy}"
-
-            [[routes]]
-            name = "{name}"
-            path_prefix = "/echo/{name}"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-            max_body_bytes = 4096
-            on_error = "{mode}"
-            "#,
-            app = app.url(),
-            policy = busy_policy.display(),
-        ));
+        let on_error = format!("on_error = \"{mode}\"");
+        let busy = format!("{name}-busy");
+        out.push_str(&screened_route(&busy, &format!("/echo/{busy}"), &app.url(), &[&on_error, &policy]));
+        let limit = "max_body_bytes = 4096";
+        out.push_str(&screened_route(name, &format!("/echo/{name}"), &app.url(), &[limit, &on_error]));
     }
     out
 }
@@ -51,11 +35,7 @@ fn routes(app: &AppHandle, busy_policy: &std::path::Path) -> String {
 /// request per second (burst 1); the app behind it.
 fn start() -> (SocketAddr, AppHandle) {
     let app = app::start();
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy = routing
-        .replace("max_utilization = 1.0", "max_utilization = 0.5")
-        .replace("when_saturated = \"rules\"", "when_saturated = \"shed\"");
-    let busy_policy = common::policies_with_routing("fail-open-busy", &busy);
+    let busy_policy = common::saturated_policies("fail-open-busy", true);
     let tenants = r#"
         [tenants]
         trusted_header = "x-client-tenant"

@@ -12,11 +12,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 /// The default class's quota: every test request is from the unknown tenant, one shared key.
 const PER_SECOND: u32 = 20;
 const BURST: u32 = 20;
@@ -25,22 +24,13 @@ const BURST: u32 = 20;
 /// through `redis`. The timeout is generous: this machine is small and shared.
 fn replica(name: &str, redis: &Redis) -> Sidecar {
     let dir = std::env::temp_dir().join(format!("tiergate-fleet-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let repo = common::repo();
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n\
-         [tenants]\ndefault_class = \"standard\"\n\
+    let tenants = format!(
+        "[tenants]\ndefault_class = \"standard\"\n\
          [tenants.classes.standard]\nrate = {{ per_second = {PER_SECOND}, burst = {BURST} }}\n\
          [tenants.redis]\nurl = \"{}\"\nreplicas = 2\ntimeout_ms = 500\nopen_ms = 300\n",
-        repo.join("models").display(),
-        repo.join("policies").display(),
         redis.url()
     );
-    let path: PathBuf = dir.join("tiergate.toml");
-    std::fs::write(&path, config).unwrap();
-    Sidecar::serve(&path, public, admin)
+    Sidecar::serve_in(&dir, &common::repo().join("policies"), &tenants)
 }
 
 /// What one replica answered.

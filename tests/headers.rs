@@ -6,27 +6,22 @@
 mod common;
 
 use common::app::{self, AppHandle};
+use common::proxy::{Setup, BENIGN};
+use common::routes::{route, screened_route};
 use serde_json::{json, Value};
 use sha2::Digest;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
 /// tiergate's API key of tenant `payments`; `app-key` is the app's own.
 const OWN_KEY: &str = "tg-secret";
-
-struct Setup {
-    proxy: SocketAddr,
-    app: AppHandle,
-}
 
 /// An app behind a screened route (`/echo/chat`) and an unscreened one (`/echo/plain`), with an
 /// API key and a trusted header configured.
 fn setup() -> &'static Setup {
     static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let app = app::start();
+    common::proxy::shared(&SETUP, |app| {
         let key_hash: String = sha2::Sha256::digest(OWN_KEY.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let toml = format!(
             r#"
@@ -36,24 +31,13 @@ fn setup() -> &'static Setup {
             "{key_hash}" = "payments"
             [tenants.known]
             payments = "default"
-
-            [[routes]]
-            name = "chat"
-            path_prefix = "/echo/chat"
-            upstream = ["{app}"]
-            [routes.screen]
-            text = ["/text"]
-
-            [[routes]]
-            name = "plain"
-            path_prefix = "/echo/plain"
-            upstream = ["{app}"]
-            "#,
-            app = app.url()
+            {chat}{plain}"#,
+            chat = screened_route("chat", "/echo/chat", &app.url(), &[]),
+            plain = route("plain", "/echo/plain", &app.url()),
         );
         let mut config = common::config_with_routes(&common::repo().join("policies"), &toml);
         config.tenants = tiergate::Config::parse(&toml).unwrap().tenants;
-        Setup { proxy: common::start(config), app }
+        config
     })
 }
 

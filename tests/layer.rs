@@ -25,9 +25,7 @@ use tiergate::web::BoxBody;
 use tiergate::Gateway;
 use tower::{ServiceBuilder, ServiceExt};
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
-const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+use common::{BENIGN, PHISHING};
 
 /// The example binary, next to this test's: tests run from `<target>/<profile>/deps/`. Built
 /// first when it is missing or may be older than its sources: plain `cargo test` builds

@@ -3,17 +3,10 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 /// Writes the bundled routing.toml plus `rules` as rules.toml; runs check-policy on it.
 fn check(name: &str, rules: &str) -> (Option<i32>, String) {
-    let dir = std::env::temp_dir().join(format!("tiergate-perr-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(repo().join("policies/routing.toml"), dir.join("routing.toml")).unwrap();
-    std::fs::write(dir.join("rules.toml"), rules).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiergate")).arg("check-policy").arg(&dir).output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    check_policy(&policies_with_rules(&format!("perr-{name}"), rules))
 }
 
 const SIGNAL: &str = "[signals.link]\npatterns = ['https?://\\S+']\n";
@@ -99,11 +92,9 @@ fn a_language_neighbour_must_stand_for_a_served_language() {
     let dir = std::env::temp_dir().join(format!("tiergate-perr-neighbour-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let routing = std::fs::read_to_string(repo().join("policies/routing.toml")).unwrap();
-    let routing = routing.replace("[cascade]\n", "[cascade]\nlanguage_neighbours = { jav = \"ind\" }\n");
+    let routing = bundled_routing().replace("[cascade]\n", "[cascade]\nlanguage_neighbours = { jav = \"ind\" }\n");
     std::fs::write(dir.join("routing.toml"), routing).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiergate")).arg("check-policy").arg(&dir).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = check_policy(&dir);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("reads `jav` as `ind`, which is not in model_languages (eng)"), "{err}");
 }

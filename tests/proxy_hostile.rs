@@ -7,6 +7,7 @@ mod common;
 use bytes::Bytes;
 use common::app;
 use common::proxy::*;
+use common::routes::{route_all, screened_route};
 use http::StatusCode;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -324,7 +325,7 @@ async fn the_client_is_answered_in_tiergates_http_version_whatever_the_app_speak
             let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok");
         }
     });
-    let routes = format!("[[routes]]\nname = \"old\"\nupstream = [\"http://{app}\"]\n");
+    let routes = route_all("old", &format!("http://{app}"));
     let (proxy, _, _) = common::start_with_admin(
         common::config_with_routes(&common::repo().join("policies"), &routes),
         Default::default(),
@@ -351,7 +352,7 @@ async fn the_client_is_answered_in_tiergates_http_version_whatever_the_app_speak
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_over_the_servers_concurrency_cap_are_shed_at_once() {
     let app = app::start();
-    let routes = format!("[[routes]]\nname = \"app\"\nupstream = [\"{}\"]\n", app.url());
+    let routes = route_all("app", &app.url());
     let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
     config.server.max_concurrent_requests = 2;
     let proxy = common::start(config);
@@ -383,7 +384,7 @@ async fn requests_over_the_servers_concurrency_cap_are_shed_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_wait_until_one_closes() {
     let app = app::start();
-    let routes = format!("[[routes]]\nname = \"app\"\nupstream = [\"{}\"]\n", app.url());
+    let routes = route_all("app", &app.url());
     let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
     config.server.max_connections = 1;
     let proxy = common::start(config);
@@ -409,31 +410,13 @@ async fn connections_over_the_cap_wait_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_says_what_happens_to_a_decision_made_under_overload() {
     let app = app::start();
-    let routing = std::fs::read_to_string(common::repo().join("policies/routing.toml")).unwrap();
-    let busy_policy =
-        common::policies_with_routing("proxy-busy", &routing.replace("max_utilization = 1.0", "max_utilization = 0.5"));
-    let routes = format!(
-        r#"
-        [[routes]]
-        name = "forward"
-        path_prefix = "/echo/forward"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        policy = "{policy}"
-
-        [[routes]]
-        name = "shed"
-        path_prefix = "/echo/shed"
-        upstream = ["{app}"]
-        [routes.screen]
-        text = ["/text"]
-        policy = "{policy}"
-        on_overload = "shed"
-        "#,
-        app = app.url(),
-        policy = busy_policy.display()
-    );
+    let busy_policy = common::saturated_policies("proxy-busy", false);
+    let policy = format!("policy = \"{}\"", busy_policy.display());
+    let routes = [
+        screened_route("forward", "/echo/forward", &app.url(), &[&policy]),
+        screened_route("shed", "/echo/shed", &app.url(), &[&policy, "on_overload = \"shed\""]),
+    ]
+    .concat();
     let config = common::config_with_routes(&common::repo().join("policies"), &routes);
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     let sources = tiergate::gateway::Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Default::default() };

@@ -225,15 +225,7 @@ fn sighup_reloads_the_running_binary() {
     let dir = policy_dir_with("sighup", &routing("review", 0.45));
     let config = scratch("sighup-config").join("tiergate.toml"); // not in the policy directory
     let (public, admin) = (common::free_port(), common::free_port());
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n[policies]\ndir = \"{}\"\nwatch = false\n",
-            repo().join("models").display(),
-            dir.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, serve_config(public, admin, &dir, "")).unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
         .args(["serve", "--config"])
         .arg(&config)

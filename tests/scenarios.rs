@@ -15,7 +15,7 @@ use tiergate::audit::query::{self, Filter};
 use tiergate::audit::store::Store;
 use tiergate::audit::AuditRecord;
 
-const BENIGN: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+use common::BENIGN_WITH_EMAIL as BENIGN;
 
 /// Thresholds every model score reaches, and a deadline no model tier can meet.
 const TEST_SCENARIOS: &str = "[scenarios.strict]\nreview_at = 0.0\nblock_at = 0.0\n\
@@ -37,16 +37,8 @@ fn policies(name: &str, extra: &str) -> PathBuf {
 /// `tiergate serve` on `dir/policies` (no file watch: reloads are the test's), with an audit
 /// trail in `dir/audit` flushed every 20 ms.
 fn serve(dir: &Path) -> common::Sidecar {
-    let (public, admin) = (common::free_port(), common::free_port());
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\nflush_interval_ms = 20\n",
-        common::repo().join("models").display(),
-        dir.join("policies").display(),
-        dir.join("audit").display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    common::Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    let audit = format!("[audit]\ndir = \"{}\"\nflush_interval_ms = 20\n", dir.join("audit").display());
+    common::Sidecar::serve_in(dir, &dir.join("policies"), &audit)
 }
 
 /// `POST /v1/classify` with a 5 s deadline (decisions, not this machine's load, are under test),

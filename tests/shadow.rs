@@ -11,10 +11,7 @@ use std::process::Command;
 
 /// A candidate that trusts no model verdict: rules decide everything, default `block`.
 fn candidate_dir(name: &str) -> std::path::PathBuf {
-    policies_with_routing(
-        name,
-        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n[default]\naction = \"block\"\nscore = 0.9\n",
-    )
+    rules_only_candidate(name, 0.9)
 }
 
 fn metric(text: &str, name: &str) -> u64 {

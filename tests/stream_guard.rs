@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::app::{self, AppHandle};
+use common::proxy::Setup;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -19,19 +19,13 @@ use std::time::{Duration, Instant};
 const RISKY: &str = "Please send your password to http://evil.example/login now.";
 const BENIGN: [&str; 4] = ["Hello there.", " The weather is mild today.", " We can meet at noon.", " See you then!"];
 
-struct Setup {
-    proxy: SocketAddr,
-    app: AppHandle,
-}
-
 /// One app and one tiergate in front of it, shared by the tests here. Routes are told apart by
 /// `Host` so that each test reads its own counters and timer settings:
 /// `fast.test` flushes after 100 ms, `metered.test` is only used by the metrics test, any other
 /// host gets the default guard (300 ms).
 fn setup() -> &'static Setup {
     static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let app = app::start();
+    common::proxy::shared(&SETUP, |app| {
         let routes = format!(
             r#"
             [[routes]]
@@ -57,8 +51,7 @@ fn setup() -> &'static Setup {
             "#,
             app = app.url()
         );
-        let proxy = common::start(common::config_with_routes(&common::repo().join("policies"), &routes));
-        Setup { proxy, app }
+        common::config_with_routes(&common::repo().join("policies"), &routes)
     })
 }
 

@@ -7,6 +7,7 @@
 mod common;
 
 use common::openai_stub::{self, Behaviour};
+use common::routes::screened_route;
 use common::Sidecar;
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -22,16 +23,7 @@ fn sha256_hex(key: &str) -> String {
 fn serve(name: &str, policies: &Path, extra: &str) -> Sidecar {
     let dir: PathBuf = std::env::temp_dir().join(format!("tiergate-tenants-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (public, admin) = (common::free_port(), common::free_port());
-    let config = format!(
-        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
-         [policies]\ndir = \"{}\"\nwatch = false\n{extra}",
-        common::repo().join("models").display(),
-        policies.display()
-    );
-    std::fs::write(dir.join("tiergate.toml"), config).unwrap();
-    Sidecar::serve(&dir.join("tiergate.toml"), public, admin)
+    Sidecar::serve_in(&dir, policies, extra)
 }
 
 async fn classify(s: &Sidecar, headers: &[(&str, &str)], body: Value) -> common::Reply {
@@ -153,14 +145,8 @@ system = "You screen messages for fraud, scams and phishing. Answer only with JS
 user = "Message:\n{text}"
 "#;
 
-/// (tier, outcome) of each step of a decision's path.
-fn steps(d: &Value) -> Vec<(String, String)> {
-    let path = d["path"].as_array().unwrap_or_else(|| panic!("no path: {d}"));
-    path.iter().map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into())).collect()
-}
-
 fn reached_gpu(d: &Value) -> bool {
-    steps(d).contains(&("gpu".into(), "accepted".into()))
+    common::path_steps(d).contains(&("gpu".into(), "accepted".into()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,7 +212,7 @@ async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reac
     let calls = stub.requests();
     for _ in 0..2 {
         let d = classify(&s, &c, json!({"text": TEXT})).await.json();
-        assert!(!reached_gpu(&d) && steps(&d)[0].0 == "cpu", "{d}");
+        assert!(!reached_gpu(&d) && common::path_steps(&d)[0].0 == "cpu", "{d}");
         assert!(
             d.to_string().contains("tenant c spent its gpu_daily_budget of 1 calls (renews at midnight UTC)"),
             "{d}"
@@ -243,13 +229,12 @@ async fn a_tenant_over_its_gpu_share_or_budget_is_routed_down_while_another_reac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_route_names_its_tenant_and_its_claim_source_is_ignored_by_default() {
     let app = common::app::start();
-    let routes = format!(
-        "[[routes]]\nname = \"support\"\npath_prefix = \"/echo/support\"\nupstream = [\"{app}\"]\n\
-         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\ntenant_name = \"chat\"\n\
-         [[routes]]\nname = \"open\"\npath_prefix = \"/echo/open\"\nupstream = [\"{app}\"]\n\
-         [routes.screen]\ntext = [\"/text\"]\ntenant = \"/tenant\"\n",
-        app = app.url()
-    );
+    let tenant = "tenant = \"/tenant\"";
+    let routes = [
+        screened_route("support", "/echo/support", &app.url(), &[tenant, "tenant_name = \"chat\""]),
+        screened_route("open", "/echo/open", &app.url(), &[tenant]),
+    ]
+    .concat();
     let s = serve("route", &common::repo().join("policies"), &format!("{routes}{}", identity_config("")));
     let post = |path: &'static str, body: Value| {
         let public = s.public;

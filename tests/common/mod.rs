@@ -8,6 +8,7 @@ pub mod openai_stub;
 pub mod proxy;
 pub mod python;
 pub mod redis;
+pub mod routes;
 pub mod service;
 pub mod tansu;
 
@@ -21,6 +22,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiergate::gateway::Sources;
 use tiergate::{App, Config, Gateway};
+
+/// A benign chat message the bundled policy allows.
+pub const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
+/// [`BENIGN`]'s variant with an e-mail address in it (which redacted audit text hides).
+pub const BENIGN_WITH_EMAIL: &str = "Are we still on for lunch tomorrow at noon? Mail me at jan@example.org if not.";
+/// A credential-phishing message the bundled policy blocks.
+pub const PHISHING: &str =
+    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
 
 /// A loopback address for a child process (`tiergate serve`, Redis, the broker) to listen on.
 ///
@@ -176,6 +185,17 @@ pub fn labelled(name: &str) -> Vec<(String, u8)> {
         .collect()
 }
 
+/// (tier, outcome) of each step of a decision's `path`.
+pub fn path_steps(d: &serde_json::Value) -> Vec<(String, String)> {
+    let path = d["path"].as_array().unwrap_or_else(|| panic!("no path: {d}"));
+    path.iter().map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into())).collect()
+}
+
+/// The gateway's signals now, read under its live policy as a decision would read them.
+pub fn signals_now(gateway: &Gateway) -> tiergate::select::SignalsSnapshot {
+    gateway.snapshot(tokio::time::Instant::now(), &gateway.policies.snapshot())
+}
+
 /// A copy of the bundled policies with `routing.toml` replaced, in a fresh temporary directory.
 pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tiergate-test-{name}-{}", std::process::id()));
@@ -185,6 +205,70 @@ pub fn policies_with_routing(name: &str, routing: &str) -> PathBuf {
     std::fs::copy(repo().join("policies/guards.toml"), dir.join("guards.toml")).unwrap();
     std::fs::write(dir.join("routing.toml"), routing).unwrap();
     dir
+}
+
+/// The bundled `policies/routing.toml`.
+pub fn bundled_routing() -> String {
+    std::fs::read_to_string(repo().join("policies/routing.toml")).unwrap()
+}
+
+/// [`policies_with_routing`] with the bundled routing.toml, each `(from, to)` of `edits` replaced
+/// in turn (each must be there).
+pub fn policies_with_edited_routing(name: &str, edits: &[(&str, &str)]) -> PathBuf {
+    let mut routing = bundled_routing();
+    for (from, to) in edits {
+        assert!(routing.contains(from), "policies/routing.toml has no {from:?}");
+        routing = routing.replace(from, to);
+    }
+    policies_with_routing(name, &routing)
+}
+
+/// The bundled policies with the cpu tier saturated at 50 % (so a [`FakeCpu`] at 95 % leaves no
+/// model tier able to take a request) and, with `shed`, `when_saturated = "shed"` instead of
+/// `"rules"`.
+pub fn saturated_policies(name: &str, shed: bool) -> PathBuf {
+    let cpu = ("max_utilization = 1.0", "max_utilization = 0.5");
+    match shed {
+        true => policies_with_edited_routing(name, &[cpu, ("when_saturated = \"rules\"", "when_saturated = \"shed\"")]),
+        false => policies_with_edited_routing(name, &[cpu]),
+    }
+}
+
+/// The bundled policies with `review_at = 0.0`: every model verdict is at least `review`.
+pub fn reviewing_policies(name: &str) -> PathBuf {
+    policies_with_edited_routing(name, &[("review_at = 0.3", "review_at = 0.0")])
+}
+
+/// A candidate policy that trusts no model verdict (`accept_below = 1.0`): rules decide
+/// everything, and where none matches, `block` with `score`.
+pub fn rules_only_candidate(name: &str, score: f64) -> PathBuf {
+    let routing = format!(
+        "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 1.0\nood_above = 1.0\n\
+         [default]\naction = \"block\"\nscore = {score}\n"
+    );
+    policies_with_routing(name, &routing)
+}
+
+/// A policy directory of the bundled routing.toml and `rules` as rules.toml (nothing else), in a
+/// fresh temporary directory.
+pub fn policies_with_rules(name: &str, rules: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiergate-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(repo().join("policies/routing.toml"), dir.join("routing.toml")).unwrap();
+    std::fs::write(dir.join("rules.toml"), rules).unwrap();
+    dir
+}
+
+/// `tiergate check-policy DIR`: its exit code and what it wrote to stderr.
+pub fn check_policy(dir: &Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .current_dir(repo())
+        .arg("check-policy")
+        .arg(dir)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// A CPU-load source the test controls.
@@ -244,6 +328,17 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A `tiergate serve` config (TOML): listeners on `public` and `admin`, the bundled model, the
+/// policies in `policies` (not watched: reloads are the tests'), then the sections `extra`.
+pub fn serve_config(public: SocketAddr, admin: SocketAddr, policies: &Path, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = \"{public}\"\n[admin]\nlisten = \"{admin}\"\n[model]\ndir = \"{}\"\n\
+         [policies]\ndir = \"{}\"\nwatch = false\n{extra}",
+        repo().join("models").display(),
+        policies.display()
+    )
+}
+
 /// The real tiergate binary serving `config/sidecar.example.toml` in front of `app_url`, on
 /// free loopback ports; killed on drop (also when a test fails).
 pub struct Sidecar {
@@ -274,6 +369,23 @@ impl Sidecar {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
         command.args(["serve", "--config"]).arg(config);
         Sidecar::spawn(command, public, admin)
+    }
+
+    /// `tiergate serve` on free ports with [`serve_config`] of `policies` and `extra`, written
+    /// into `dir` (created if missing) as `tiergate-PORT.toml`.
+    pub fn serve_in(dir: &Path, policies: &Path, extra: &str) -> Sidecar {
+        std::fs::create_dir_all(dir).unwrap();
+        let (public, admin) = (free_port(), free_port());
+        let path = dir.join(format!("tiergate-{}.toml", public.port()));
+        std::fs::write(&path, serve_config(public, admin, policies, extra)).unwrap();
+        Sidecar::serve(&path, public, admin)
+    }
+
+    /// [`Sidecar::serve_in`] `dir` with the bundled policies and the audit trail in `dir/audit`,
+    /// with the further `[audit]` lines `audit`.
+    pub fn audited(dir: &Path, audit: &str) -> Sidecar {
+        let audit = format!("[audit]\ndir = \"{}\"\n{audit}\n", dir.join("audit").display());
+        Sidecar::serve_in(dir, &repo().join("policies"), &audit)
     }
 
     fn spawn(mut command: std::process::Command, public: SocketAddr, admin: SocketAddr) -> Sidecar {

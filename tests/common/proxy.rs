@@ -6,12 +6,13 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
+use tiergate::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub const BENIGN: &str = "Are we still on for lunch tomorrow at noon? I booked the usual place.";
-pub const PHISHING: &str =
-    "Your account is locked. Send your password and PIN to http://secure-login.example.com/verify immediately.";
+#[allow(unused_imports)] // for the proxy tests, which glob-import this module
+pub use super::{BENIGN, PHISHING};
 
+/// A tiergate in front of an app, shared by the tests of a binary ([`shared`]).
 pub struct Setup {
     pub proxy: SocketAddr,
     /// The admin listener: `/metrics` there (the catch-all route sends the public one to the app).
@@ -19,16 +20,23 @@ pub struct Setup {
     pub app: AppHandle,
 }
 
+/// An app and one tiergate in front of it, configured by `config` (given the app), started in
+/// `cell` (a static of the test binary) by the first test that asks and shared by the rest.
+pub fn shared(cell: &'static OnceLock<Setup>, config: impl FnOnce(&AppHandle) -> Config) -> &'static Setup {
+    cell.get_or_init(|| {
+        let app = app::start();
+        let (proxy, admin, _) = super::start_with_admin(config(&app), Default::default(), None);
+        Setup { proxy, admin, app }
+    })
+}
+
 /// One app and one tiergate in front of it with the bundled policies and the routes of
 /// `proxy_routes.toml`, started by the first test of the binary that asks.
 pub fn setup() -> &'static Setup {
     static SETUP: OnceLock<Setup> = OnceLock::new();
-    SETUP.get_or_init(|| {
-        let app = app::start();
+    shared(&SETUP, |app| {
         // A route policy under which every model verdict is at least `review`.
-        let routing = std::fs::read_to_string(super::repo().join("policies/routing.toml")).unwrap();
-        let review_policy =
-            super::policies_with_routing("proxy-review", &routing.replace("review_at = 0.3", "review_at = 0.0"));
+        let review_policy = super::reviewing_policies("proxy-review");
         let routes = include_str!("proxy_routes.toml")
             .replace("{app}", &app.url())
             .replace("{dead}", &dead_address())
@@ -36,8 +44,7 @@ pub fn setup() -> &'static Setup {
         let mut config = super::config_with_routes(&super::repo().join("policies"), &routes);
         config.server.request_timeout_ms = 1000;
         config.server.header_read_timeout_ms = 500;
-        let (proxy, admin, _) = super::start_with_admin(config, Default::default(), None);
-        Setup { proxy, admin, app }
+        config
     })
 }
 

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 use tiergate::breaker::CircuitState;
 use tiergate::calibrate::softmax_t;
-use tiergate::complexity::{rate, scan};
+use tiergate::complexity::{assess, scan};
 use tiergate::policy::Policy;
 use tiergate::request::ClassifyRequest;
 use tiergate::rules::{ModelView, RulesInput};
@@ -104,11 +104,11 @@ fn bench_complexity(c: &mut Criterion, policy: &Policy, counter: &TokenCounter, 
     {
         c.bench_function(name, |b| {
             b.iter(|| {
-                // What Gateway::rate does: scan, count tokens (bounded), add signal hits.
+                // What Gateway::assess does: scan, count tokens (bounded), add signal hits.
                 let mut stats = scan(black_box(text));
                 stats.tokens = counter.count(text, spec.tokens_full).count;
                 stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
-                rate(&stats, spec)
+                assess(&stats, spec)
             })
         });
     }
@@ -116,7 +116,7 @@ fn bench_complexity(c: &mut Criterion, policy: &Policy, counter: &TokenCounter, 
 
 fn bench_route(c: &mut Criterion, policy: &Policy, routing: &Routing) {
     let Routing { snapshot, verdict, english } = routing;
-    let complexity = rate(&scan(SHORT), &policy.complexity);
+    let complexity = assess(&scan(SHORT), &policy.complexity);
     c.bench_function("route/start", |b| {
         b.iter(|| start(black_box(&complexity), policy, black_box(snapshot), Duration::from_millis(200)))
     });
@@ -127,7 +127,7 @@ fn bench_route(c: &mut Criterion, policy: &Policy, routing: &Routing) {
 }
 
 /// The whole request path without the model, as the gateway runs it: validate the body,
-/// canonical text, rate complexity (text scan, tokens, signal hits), choose the starting tier,
+/// canonical text, assess complexity (text scan, tokens, signal hits), choose the starting tier,
 /// then judge the cpu verdict. Tokens: the word count where no gpu tier exists (the shipped
 /// config; the cpu worker tokenises), the real tokenizer where one does (`_gpu`). The language
 /// the verdict is judged with is detected on the cpu worker beside tokenisation
@@ -162,7 +162,7 @@ fn bench_request_path(
                 };
                 stats.signal_hits = policy.rules.count_signals(text).values().sum::<i64>() as usize;
                 stats.features = req.features.len();
-                let complexity = rate(&stats, spec);
+                let complexity = assess(&stats, spec);
                 let s = start(&complexity, policy, snapshot, req.deadline);
                 (s, after_cpu(verdict, english, &complexity, policy, &Ok(())))
             })

@@ -72,7 +72,7 @@ fn one_each_server(app: &app::AppHandle, dir: &Path) -> (std::net::SocketAddr, s
     // live policy's `allow`s.
     let candidate = common::reviewing_policies("audit-shadow");
     config.shadow = ShadowConfig { dir: Some(candidate), share: 1.0, ..Default::default() };
-    config.signals.cpu_interval_ms = 20;
+    config.readings.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() })
 }
@@ -170,7 +170,7 @@ fn tiny_queue(name: &str, on_full: OnFull) -> (std::net::SocketAddr, std::sync::
     let dir = scratch(name);
     let mut config = common::config(&common::repo().join("policies"));
     config.audit = Some(AuditConfig { dir: dir.clone(), queue_capacity: 1, on_full, ..AuditConfig::default() });
-    config.signals.cpu_interval_ms = 20;
+    config.readings.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     let (addr, gateway) =
         common::start_with(config, Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Sources::default() });

@@ -76,7 +76,7 @@ async fn onnx_backend_takes_escalations_and_low_gpu_memory_routes_down() {
     let (addr, gateway) = start_with(c, sources(&idle_cpu(), &gpu));
     let free_mb = move |mb: u64| {
         let g = Arc::clone(&gateway);
-        move || signals_now(&g).gpu.memory == GpuMemory::FreeMb(mb)
+        move || load_now(&g).gpu.memory == GpuMemory::FreeMb(mb)
     };
     eventually("a GPU reading", free_mb(40_000)).await;
 
@@ -190,7 +190,7 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
         upstream_server("saturated", &[&stub], &routing(extra), &cpu, &Arc::new(FakeGpu::with_free_mb(40_000))).await;
     *cpu.0.lock().unwrap() = 0.97;
     let g = Arc::clone(&gateway);
-    eventually("cpu utilisation above 0.8", move || signals_now(&g).cpu.utilization.is_some_and(|u| u > 0.8)).await;
+    eventually("cpu utilisation above 0.8", move || load_now(&g).cpu.utilization.is_some_and(|u| u > 0.8)).await;
     let d = classify(addr, json!({"text": "see you at the station at 6"})).await.json();
     assert_eq!(path_steps(&d), pairs(&[("gpu", "accepted")]), "{d}");
     assert_eq!(d["tier"], "gpu");
@@ -199,7 +199,7 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
     // And with the only upstream failing its health checks, nothing can take the request: 503.
     stub.set_health(503);
     let g = Arc::clone(&gateway);
-    eventually("the upstream marked unhealthy", move || signals_now(&g).gpu.endpoints_available == Some(0)).await;
+    eventually("the upstream marked unhealthy", move || load_now(&g).gpu.endpoints_available == Some(0)).await;
     let r = classify(addr, json!({"text": "see you at the station at 6"})).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.headers["retry-after"], "3");

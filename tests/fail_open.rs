@@ -47,7 +47,7 @@ fn start() -> (SocketAddr, AppHandle) {
     let mut config = common::config_with_routes(&common::repo().join("policies"), &routes(&app, &busy_policy));
     config.tenants = tiergate::Config::parse(tenants).unwrap().tenants;
     config.server.max_text_bytes = 1000;
-    config.signals.cpu_interval_ms = 20;
+    config.readings.cpu_interval_ms = 20;
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     let sources = tiergate::gateway::Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Default::default() };
     (common::start_with(config, sources).0, app)

@@ -90,8 +90,7 @@ async fn a_backend_added_in_one_file_serves_the_gpu_tier_from_its_config_section
     let gpu = Arc::new(FakeGpu::with_free_mb(40_000));
     let sources = Sources { cpu: Arc::new(FakeCpu(Mutex::new(0.1))) as _, gpu: Arc::clone(&gpu) as _ };
     let (addr, gateway) = start_with(c, sources);
-    eventually("a GPU reading", || signals_now(&gateway).gpu.memory == tiergate::select::GpuMemory::FreeMb(40_000))
-        .await;
+    eventually("a GPU reading", || load_now(&gateway).gpu.memory == tiergate::select::GpuMemory::FreeMb(40_000)).await;
 
     let d = classify(addr, json!({"text": "Lunch at noon on Friday? The usual place."})).await.json();
     assert_eq!(d["path"][0]["tier"], "cpu", "{d}");

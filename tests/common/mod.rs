@@ -191,8 +191,8 @@ pub fn path_steps(d: &serde_json::Value) -> Vec<(String, String)> {
     path.iter().map(|s| (s["tier"].as_str().unwrap().into(), s["outcome"].as_str().unwrap().into())).collect()
 }
 
-/// The gateway's signals now, read under its live policy as a decision would read them.
-pub fn signals_now(gateway: &Gateway) -> tiergate::select::SignalsSnapshot {
+/// The gateway's load snapshot now, under its live policy, as a decision would read it.
+pub fn load_now(gateway: &Gateway) -> tiergate::select::LoadSnapshot {
     gateway.snapshot(tokio::time::Instant::now(), &gateway.policies.snapshot())
 }
 

@@ -2,20 +2,30 @@
 //! with the real cpu tier (the bundled model, config defaults, bundled policies), rules, guards,
 //! drift and metrics — what an architecture change must leave as fast as it was. A short message
 //! (one window) and a long one (several windows). A fixed CPU reading keeps routing on the cpu
-//! tier; no gpu tier.
+//! tier; no gpu tier. `layer/short`: the short message through `TierGateLayer` in front of a
+//! service that answers at once — the proxy's screening pipeline (read the JSON body, decide,
+//! record, dispose, decision headers) around the same decision.
 //!
 //! Run: `cargo bench --bench decide`. Before/after a change: build this bench at both commits
 //! and run the two binaries alternately on an idle machine (docs/BENCHMARKS.md, "Architecture").
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
+use http::{Request, Response};
+use http_body_util::Full;
+use std::convert::Infallible;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tiergate::config::Config;
 use tiergate::gateway::{Gateway, Sources};
+use tiergate::proxy::config::ScreenConfig;
+use tiergate::proxy::layer::TierGateLayer;
 use tiergate::readings::cpu::CpuSource;
 use tiergate::request::ClassifyRequest;
+use tiergate::web::BoxBody;
+use tower::{ServiceBuilder, ServiceExt};
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
 
@@ -63,6 +73,21 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+    let screen: ScreenConfig = toml::from_str(r#"text = ["/text"]"#).unwrap();
+    let layer = TierGateLayer::new(Arc::clone(&gateway), config.server.clone(), "bench", &screen).unwrap();
+    let service = ServiceBuilder::new().layer(layer).service(tower::service_fn(|_req: Request<BoxBody>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    }));
+    let body = serde_json::json!({ "text": SHORT }).to_string();
+    c.benchmark_group("layer").measurement_time(Duration::from_secs(10)).bench_function("short", |b| {
+        b.iter(|| {
+            let request = Request::post("/")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body.clone())))
+                .unwrap();
+            black_box(rt.block_on(service.clone().oneshot(request)).unwrap())
+        })
+    });
 }
 
 criterion_group!(benches, bench);

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tiergate::audit::query::{self, Filter};
+use tiergate::audit::record::{RecordedAction, RecordedTier};
 use tiergate::audit::store::Store;
 use tiergate::audit::{AuditConfig, AuditRecord, Draft, Kind, ModelRef, OnFull, TextMode};
 use tiergate::gateway::{ShadowConfig, Sources};
@@ -153,7 +154,7 @@ async fn every_decision_has_exactly_one_record_of_its_kind() {
     let cut = records(&dir, "cut-1");
     assert_eq!(cut.len(), 1, "{cut:?}");
     assert_eq!((cut[0].kind.as_str(), cut[0].route.as_deref()), ("stream_cut", Some("guarded")));
-    assert!(!cut[0].rules.is_empty() && cut[0].action == "block", "{:?}", cut[0]);
+    assert!(!cut[0].rules.is_empty() && cut[0].action == RecordedAction::Block, "{:?}", cut[0]);
     let total = count(&dir);
     let shadows = query::count(
         &Store::open_read_only(&dir).unwrap(),
@@ -237,10 +238,10 @@ fn detached(id: &str) -> Draft {
         policy_version: "p".into(),
         scenario: None,
         model: ModelRef { name: "m".into(), sha256: None },
-        action: "allow",
+        action: RecordedAction::Allow,
         label: None,
         risk_score: None,
-        tier: "cpu",
+        tier: RecordedTier::Cpu,
         path: Vec::new(),
         note: None,
         latency_us: 0,

@@ -5,7 +5,7 @@
 
 use super::text::{AuditText, TextPolicy};
 use crate::action::Action;
-use crate::decision::{Decision, Label, Step};
+use crate::decision::{Decision, Label, Step, TierName};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -35,8 +35,73 @@ impl Kind {
     }
 }
 
-/// The `action` and `tier` of a request forwarded without a decision (fail-open screening).
-pub const UNSCREENED: &str = "unscreened";
+/// A record's `action`: the decision's, or `unscreened` for a request a fail-open route forwarded
+/// without a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordedAction {
+    Allow,
+    Review,
+    Block,
+    Unscreened,
+}
+
+impl RecordedAction {
+    /// The stored and shipped spelling (the `action` column, the JSON field).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordedAction::Allow => "allow",
+            RecordedAction::Review => "review",
+            RecordedAction::Block => "block",
+            RecordedAction::Unscreened => "unscreened",
+        }
+    }
+}
+
+impl From<Action> for RecordedAction {
+    fn from(action: Action) -> Self {
+        match action {
+            Action::Allow => RecordedAction::Allow,
+            Action::Review => RecordedAction::Review,
+            Action::Block => RecordedAction::Block,
+        }
+    }
+}
+
+/// A record's `tier`: the stage whose verdict stands, or `unscreened` (no decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordedTier {
+    Cpu,
+    Gpu,
+    Rules,
+    Guard,
+    Unscreened,
+}
+
+impl RecordedTier {
+    /// The stored and shipped spelling (the `tier` column, the JSON field).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordedTier::Cpu => "cpu",
+            RecordedTier::Gpu => "gpu",
+            RecordedTier::Rules => "rules",
+            RecordedTier::Guard => "guard",
+            RecordedTier::Unscreened => "unscreened",
+        }
+    }
+}
+
+impl From<TierName> for RecordedTier {
+    fn from(tier: TierName) -> Self {
+        match tier {
+            TierName::Cpu => RecordedTier::Cpu,
+            TierName::Gpu => RecordedTier::Gpu,
+            TierName::Rules => RecordedTier::Rules,
+            TierName::Guard => RecordedTier::Guard,
+        }
+    }
+}
 
 /// The model behind a decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +134,7 @@ pub struct AuditRecord {
     pub scenario: Option<String>,
     pub model: ModelRef,
     /// `allow`, `review`, `block`, or `unscreened`.
-    pub action: String,
+    pub action: RecordedAction,
     /// `null` only for `unscreened`.
     pub label: Option<Label>,
     /// `null` only for `unscreened`.
@@ -77,7 +142,7 @@ pub struct AuditRecord {
     /// The cpu model's OOD score, when it ran.
     pub ood_score: Option<f64>,
     /// The stage whose verdict stands (`cpu`, `gpu`, `rules`, `guard`), or `unscreened`.
-    pub tier: String,
+    pub tier: RecordedTier,
     /// Every stage tried, as a decision's `path` serialises.
     pub path: Vec<serde_json::Value>,
     /// Ids of the rules that matched (rules stage, guards, allow-list), in path order.
@@ -102,10 +167,10 @@ pub struct Draft {
     pub policy_version: String,
     pub scenario: Option<String>,
     pub model: ModelRef,
-    pub action: &'static str,
+    pub action: RecordedAction,
     pub label: Option<Label>,
     pub risk_score: Option<f64>,
-    pub tier: &'static str,
+    pub tier: RecordedTier,
     pub path: Vec<Step>,
     /// A path entry the decision types cannot express (why screening did not run).
     pub note: Option<serde_json::Value>,
@@ -166,10 +231,10 @@ impl Draft {
                 policy_version: d.policy_version.clone(),
                 scenario: d.scenario.clone(),
                 model,
-                action: d.action.as_str(),
+                action: d.action.into(),
                 label: Some(d.label),
                 risk_score: Some(d.risk_score),
-                tier: d.tier.as_str(),
+                tier: d.tier.into(),
                 path: d.path.clone(),
                 note: None,
                 latency_us: d.latency_us,
@@ -185,12 +250,14 @@ impl Draft {
                 policy_version,
                 scenario: None,
                 model,
-                action: UNSCREENED,
+                action: RecordedAction::Unscreened,
                 label: None,
                 risk_score: None,
-                tier: UNSCREENED,
+                tier: RecordedTier::Unscreened,
                 path: Vec::new(),
-                note: Some(serde_json::json!({"outcome": UNSCREENED, "reason": reason, "latency_us": 0})),
+                note: Some(
+                    serde_json::json!({"outcome": RecordedTier::Unscreened.as_str(), "reason": reason, "latency_us": 0}),
+                ),
                 latency_us: 0,
                 lang: None,
                 text: Arc::from(""),
@@ -204,10 +271,10 @@ impl Draft {
                 policy_version: policy_version.to_string(),
                 scenario: None,
                 model,
-                action: action.as_str(),
+                action: action.into(),
                 label: step.risk_score.map(Label::from_risk_score),
                 risk_score: step.risk_score,
-                tier: step.tier.as_str(),
+                tier: step.tier.into(),
                 latency_us: step.latency_us,
                 path: vec![step],
                 note: None,
@@ -240,11 +307,11 @@ impl Draft {
             policy_version: self.policy_version,
             scenario: self.scenario,
             model: self.model,
-            action: self.action.to_string(),
+            action: self.action,
             label: self.label,
             risk_score: self.risk_score,
             ood_score,
-            tier: self.tier.to_string(),
+            tier: self.tier,
             path,
             rules,
             latency_us: self.latency_us,

@@ -201,8 +201,8 @@ impl Store {
                     r.kind.as_str(),
                     r.tenant,
                     r.route,
-                    r.action,
-                    r.tier,
+                    r.action.as_str(),
+                    r.tier.as_str(),
                     json
                 ])?;
             }

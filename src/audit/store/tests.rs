@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::audit::config::TextMode;
-use crate::audit::record::{Kind, ModelRef};
+use crate::audit::record::{Kind, ModelRef, RecordedAction, RecordedTier};
 use crate::audit::text::AuditText;
 
 /// A record with this request id and time, and some bulk (so that size limits bite).
@@ -17,11 +17,11 @@ pub(crate) fn record(request_id: &str, unix_ms: u64) -> AuditRecord {
         policy_version: "p1".into(),
         scenario: None,
         model: ModelRef { name: "m".into(), sha256: Some("0".repeat(64)) },
-        action: "allow".into(),
+        action: RecordedAction::Allow,
         label: Some(crate::decision::Label::Ok),
         risk_score: Some(0.1),
         ood_score: None,
-        tier: "cpu".into(),
+        tier: RecordedTier::Cpu,
         path: vec![serde_json::json!({"tier": "cpu", "outcome": "accepted", "latency_us": 10})],
         rules: vec![],
         latency_us: 10,

@@ -4,7 +4,9 @@
 //! (one window) and a long one (several windows). A fixed CPU reading keeps routing on the cpu
 //! tier; no gpu tier. `layer/short`: the short message through `TierGateLayer` in front of a
 //! service that answers at once — the proxy's screening pipeline (read the JSON body, decide,
-//! record, dispose, decision headers) around the same decision.
+//! record, dispose, decision headers) around the same decision; `layer/short_rules`: the same
+//! with the bundled policy's cpu `max_utilization` lowered under the fixed reading, so rules
+//! decide and the pipeline's own cost is not hidden under an inference.
 //!
 //! Run: `cargo bench --bench decide`. Before/after a change: build this bench at both commits
 //! and run the two binaries alternately on an idle machine (docs/BENCHMARKS.md, "Architecture").
@@ -73,21 +75,44 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
-    let screen: ScreenConfig = toml::from_str(r#"text = ["/text"]"#).unwrap();
-    let layer = TierGateLayer::new(Arc::clone(&gateway), config.server.clone(), "bench", &screen).unwrap();
-    let service = ServiceBuilder::new().layer(layer).service(tower::service_fn(|_req: Request<BoxBody>| async {
-        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
-    }));
-    let body = serde_json::json!({ "text": SHORT }).to_string();
-    c.benchmark_group("layer").measurement_time(Duration::from_secs(10)).bench_function("short", |b| {
-        b.iter(|| {
-            let request = Request::post("/")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body.clone())))
-                .unwrap();
-            black_box(rt.block_on(service.clone().oneshot(request)).unwrap())
+    let rules_only = {
+        // The bundled policies with the cpu tier ineligible at the fixed 0.1 reading.
+        let dir = std::env::temp_dir().join(format!("tiergate-bench-policies-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(repo.join("policies")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let text = text.replace("max_utilization = 1.0", "max_utilization = 0.05");
+                std::fs::write(dir.join(path.file_name().unwrap()), text).unwrap();
+            }
+        }
+        let mut config = config.clone();
+        config.policies.dir = dir;
+        rt.block_on(async {
+            Gateway::start(&config.gateway(), Sources { cpu: Arc::new(Idle), ..Default::default() }).unwrap()
         })
-    });
+    };
+    let mut group = c.benchmark_group("layer");
+    group.measurement_time(Duration::from_secs(10));
+    for (name, gateway) in [("short", &gateway), ("short_rules", &rules_only)] {
+        let screen: ScreenConfig = toml::from_str(r#"text = ["/text"]"#).unwrap();
+        let layer = TierGateLayer::new(Arc::clone(gateway), config.server.clone(), "bench", &screen).unwrap();
+        let service = ServiceBuilder::new().layer(layer).service(tower::service_fn(|_req: Request<BoxBody>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }));
+        let body = serde_json::json!({ "text": SHORT }).to_string();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let request = Request::post("/")
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body.clone())))
+                    .unwrap();
+                black_box(rt.block_on(service.clone().oneshot(request)).unwrap())
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench);

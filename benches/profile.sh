@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Where the server's CPU goes under sustained load, by thread and by function: the shipped config,
+# bundled model and policies, open-loop short messages at RATE/s for SECONDS, `perf record` on the
+# server meanwhile.
+#
+#   benches/profile.sh [RATE] [SECONDS]        (defaults: 200 requests/s, 20 s)
+#
+# Env: PROFILE_DATA / PROFILE_MAX_BYTES (the messages: tests/data/ood_short.jsonl up to 159 bytes,
+# as benches/e2e.sh's short set), PROFILE_FREQ (perf samples/s per CPU, 499).
+# Needs perf (Debian: linux-perf) and permission to profile another process (root, or
+# kernel.perf_event_paranoid <= 1). Run on an idle machine.
+# Output: target/profile/<timestamp>/: openloop.txt and .jsonl (the load, the server's CPU per request by
+# thread), by_thread.txt (samples by thread), by_thread_library.txt (by thread and library: ONNX
+# Runtime, tiergate, libc, kernel), by_function.txt (self time by function),
+# by_thread_function.txt (the same per thread), perf.data.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+RATE="${1:-200}"
+SECONDS_="${2:-20}"
+DATA="${PROFILE_DATA:-tests/data/ood_short.jsonl}"
+MAX_BYTES="${PROFILE_MAX_BYTES:-159}"
+FREQ="${PROFILE_FREQ:-499}"
+PORT=18181
+ADMIN_PORT=19191
+OUT="$ROOT/target/profile/$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$OUT"
+log() { echo "[profile $(date +%T)] $*" >&2; }
+command -v perf > /dev/null || { echo "perf not found (Debian: apt-get install linux-perf)" >&2; exit 2; }
+
+log "building (cargo build --release; bench openloop)"
+cargo build --release --quiet
+OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="openloop": print(m["executable"])' | tail -1)"
+
+target/release/tiergate serve --config config/tiergate.toml --listen 127.0.0.1:$PORT \
+    --admin-listen 127.0.0.1:$ADMIN_PORT > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 300); do
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && break
+    kill -0 $SERVER 2>/dev/null || { tail -5 "$OUT/server.log" >&2; exit 1; }
+    sleep 0.1
+done
+URL="http://127.0.0.1:$PORT/v1/classify"
+curl -sf -o /dev/null "$URL" -H 'content-type: application/json' -d '{"text":"warm up"}'
+
+log "load: $RATE/s for ${SECONDS_} s (+2 s warm-up), perf at $FREQ Hz on pid $SERVER"
+# perf starts after the warm-up and stops before the drain.
+(sleep 2 && exec perf record -F "$FREQ" -p $SERVER -o "$OUT/perf.data" -- sleep "$SECONDS_") \
+    > "$OUT/perf.log" 2>&1 &
+PERF=$!
+"$OPENLOOP" --url "$URL" --rate "$RATE" --duration "$SECONDS_" --warmup 2 --data "$DATA" \
+    --max-bytes "$MAX_BYTES" --pid $SERVER --json "$OUT/openloop.jsonl" | tee "$OUT/openloop.txt"
+wait $PERF || true
+
+report() { perf report -i "$OUT/perf.data" --no-children --stdio "$@" 2>/dev/null | grep -v '^$'; }
+report --sort comm > "$OUT/by_thread.txt"
+report --sort comm,dso > "$OUT/by_thread_library.txt"
+report --sort symbol --percent-limit 0.3 | head -80 > "$OUT/by_function.txt"
+report --sort comm,symbol --percent-limit 0.3 | head -120 > "$OUT/by_thread_function.txt"
+log "done: $OUT"
+grep -v '^#' "$OUT/by_thread.txt" | head -12
+grep -v '^#' "$OUT/by_function.txt" | head -30

@@ -39,12 +39,7 @@ log() { echo "[audit_cost $(date +%H:%M:%S)] $*" >&2; }
 
 log "building"
 cargo build --release --bin tiergate >&2
-OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "openloop": print(m["executable"])' | tail -1)"
-[[ -x "$OPENLOOP" ]] || { log "the openloop bench binary was not built"; exit 1; }
+OPENLOOP="$(benches/bench_bin.sh openloop)"
 BIN="$ROOT/target/release/tiergate"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -58,16 +58,8 @@ log() { echo "[e2e $(date +%T)] $*" | tee -a "$OUT/e2e.log" >&2; }
 # ---- 1. build -------------------------------------------------------------------------
 log "building (cargo build --release; benches openloop, ceiling)"
 cargo build --release --quiet
-OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="openloop": print(m["executable"])' | tail -1)"
-CEILING="$(cargo bench --bench ceiling --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="ceiling": print(m["executable"])' | tail -1)"
+OPENLOOP="$(benches/bench_bin.sh openloop)"
+CEILING="$(benches/bench_bin.sh ceiling)"
 [[ -x "$OPENLOOP" && -x "$CEILING" ]] || { log "bench binaries not found"; exit 1; }
 TIERGATE="$ROOT/target/release/tiergate"
 # E2E_BEFORE: a checkout of an earlier commit (git worktree), for before/after cost in one run as

@@ -49,10 +49,7 @@ LD_LIBRARY_PATH="$(find "$SITE/nvidia" -maxdepth 2 -name lib -type d 2>/dev/null
 export LD_LIBRARY_PATH
 log "ONNX Runtime: $ORT_DYLIB_PATH"
 cargo build --release --quiet
-OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="openloop": print(m["executable"])' | tail -1)"
+OPENLOOP="$(benches/bench_bin.sh openloop)"
 
 # ---- 2. tiergate with the in-process gpu tier ----------------------------------------------
 sed -e '/^\[gpu\]/,/^\[/ s/^backend = "none"/backend = "onnx"/' config/tiergate.toml > "$OUT/tiergate.toml"

@@ -30,11 +30,7 @@ command -v perf > /dev/null || { echo "perf not found (Debian: apt-get install l
 
 log "building (cargo build --release; bench openloop)"
 cargo build --release --quiet
-OPENLOOP="$(cargo bench --bench openloop --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="openloop": print(m["executable"])' | tail -1)"
+OPENLOOP="$(benches/bench_bin.sh openloop)"
 
 target/release/tiergate serve --config config/tiergate.toml --listen 127.0.0.1:$PORT \
     --admin-listen 127.0.0.1:$ADMIN_PORT > "$OUT/server.log" 2>&1 &

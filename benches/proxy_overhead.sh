@@ -19,8 +19,7 @@ REPO=$(pwd)
 command -v nginx >/dev/null || { echo "nginx not found (apt-get install nginx)" >&2; exit 1; }
 
 cargo build --release --bin tiergate
-cargo bench --bench openloop --no-run 2>/dev/null
-OPENLOOP=$(ls -t target/release/deps/openloop-* | grep -v '\.d$' | head -1)
+OPENLOOP="$(benches/bench_bin.sh openloop)"
 
 cat > "$OUT/nginx.conf" <<EOF
 worker_processes 2;

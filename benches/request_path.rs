@@ -22,6 +22,10 @@ use tiergate::tier::ModelVerdict;
 use tiergate::web::ServerConfig;
 
 const SHORT: &str = "Your account is locked. Confirm your password at http://secure-login.example.top/verify";
+/// Non-ASCII texts: Unicode word boundaries in the signals make the regex crate's lazy DFA give up on them.
+const ZH: &str = "您的账户已被冻结，请立即点击链接 http://secure-login.example.top/verify 验证您的密码和银行卡信息。";
+const RU: &str =
+    "Ваш аккаунт заблокирован. Подтвердите пароль по ссылке http://secure-login.example.top/verify сегодня.";
 
 /// A request as it arrives: the body, the headers and the server's limits it is validated with.
 struct Incoming {
@@ -90,7 +94,7 @@ fn bench_rules(c: &mut Criterion, policy: &Policy, long: &str) {
 }
 
 fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {
-    for (name, text) in [("text/short", SHORT), ("text/1k", long)] {
+    for (name, text) in [("text/short", SHORT), ("text/1k", long), ("text/zh", ZH), ("text/ru", RU)] {
         c.bench_function(&format!("{name}/canonicalize"), |b| b.iter(|| tiergate::text::canonicalize(black_box(text))));
         c.bench_function(&format!("{name}/detect"), |b| b.iter(|| tiergate::text::detect(black_box(text))));
         c.bench_function(&format!("{name}/count_signals"), |b| b.iter(|| policy.rules.count_signals(black_box(text))));

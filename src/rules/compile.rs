@@ -7,6 +7,7 @@ use super::{context, Rule, RuleSet, RulesInput, Signal};
 use crate::text::Obfuscation;
 use cel::{Env, Program, Value};
 use regex::{Regex, RegexSet};
+use regex_syntax::hir::{Hir, HirKind, Look};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -59,10 +60,52 @@ pub fn compile(
     let allowlist = class(classes.allowlist, SpecRef::Allow, "allowlist entry");
     match default {
         Some(default) if problems.is_empty() => {
-            let prefilter = RegexSet::new(signals.iter().flat_map(|s| s.patterns.iter().map(Regex::as_str))).ok();
+            let prefilter =
+                RegexSet::new(signals.iter().flat_map(|s| s.patterns.iter().map(|p| prefilter_form(p.as_str())))).ok();
             (Some(RuleSet { env, signals, prefilter, rules, guards, allowlist, default }), problems)
         }
         _ => (None, problems),
+    }
+}
+
+/// A signal pattern as the prefilter `RegexSet` runs it: without its word-boundary assertions
+/// (`\b`, `\B`, `\b{start}`, ...). An assertion only removes matches, so this form matches
+/// wherever the pattern does and the prefilter stays a superset (`RuleSet::count_signals` counts
+/// with the exact patterns). Unicode word boundaries are what the regex crate's lazy DFA cannot
+/// run on non-ASCII text: with them the set falls back to the PikeVM, the runtime's hottest
+/// function under load in docs/BENCHMARKS.md's profile. A pattern regex-syntax cannot parse (it
+/// compiled, so none) is kept as it is.
+fn prefilter_form(pattern: &str) -> String {
+    match regex_syntax::Parser::new().parse(pattern) {
+        Ok(hir) => without_word_boundaries(hir).to_string(),
+        Err(_) => pattern.to_string(),
+    }
+}
+
+fn without_word_boundaries(hir: Hir) -> Hir {
+    match hir.into_kind() {
+        HirKind::Look(look)
+            if !matches!(
+                look,
+                Look::Start | Look::End | Look::StartLF | Look::EndLF | Look::StartCRLF | Look::EndCRLF
+            ) =>
+        {
+            Hir::empty()
+        }
+        HirKind::Look(look) => Hir::look(look),
+        HirKind::Empty => Hir::empty(),
+        HirKind::Literal(literal) => Hir::literal(literal.0),
+        HirKind::Class(class) => Hir::class(class),
+        HirKind::Repetition(mut repetition) => {
+            repetition.sub = Box::new(without_word_boundaries(*repetition.sub));
+            Hir::repetition(repetition)
+        }
+        HirKind::Capture(mut capture) => {
+            capture.sub = Box::new(without_word_boundaries(*capture.sub));
+            Hir::capture(capture)
+        }
+        HirKind::Concat(subs) => Hir::concat(subs.into_iter().map(without_word_boundaries).collect()),
+        HirKind::Alternation(subs) => Hir::alternation(subs.into_iter().map(without_word_boundaries).collect()),
     }
 }
 
@@ -174,3 +217,36 @@ fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<Stri
 /// `signals.NAME` in a rule's source.
 static SIGNAL_REF: std::sync::LazyLock<Regex> =
     std::sync::LazyLock::new(|| Regex::new(r"\bsignals\.([A-Za-z_][A-Za-z0-9_]*)").expect("valid regex"));
+
+#[cfg(test)]
+mod prefilter_tests {
+    use super::prefilter_form;
+    use regex::Regex;
+
+    #[test]
+    fn the_prefilter_form_drops_word_boundaries_keeps_anchors_and_matches_wherever_the_pattern_does() {
+        let patterns =
+            [r"(?i)\b(?:password|otp)\b", r"\bhttps?://\S+", r"^\d{4}\B", r"(?i)\bcvv\b|密码", r"\b{start}gift"];
+        let texts = [
+            "Your OTP is 1234",
+            "передайте password сейчас",
+            "xpasswordy",
+            "see http://a.b/c",
+            "您的密码",
+            "1234567",
+            "12 34",
+            "CVV: 123",
+            "a giftcard",
+        ];
+        for pattern in patterns {
+            let form = prefilter_form(pattern);
+            assert!(!form.contains(r"\b") && !form.contains(r"\B"), "{pattern} -> {form}");
+            let (exact, loose) = (Regex::new(pattern).unwrap(), Regex::new(&form).unwrap());
+            for text in texts {
+                assert!(!exact.is_match(text) || loose.is_match(text), "{pattern} -> {form} misses {text:?}");
+            }
+        }
+        let anchored = Regex::new(&prefilter_form(r"^\d{4}\B")).unwrap();
+        assert!(anchored.is_match("12345") && !anchored.is_match("x12345"), "the anchor still holds");
+    }
+}

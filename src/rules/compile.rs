@@ -6,7 +6,7 @@ use super::spec::{DefaultVerdict, RuleSpec, SignalSpec};
 use super::{context, Rule, RuleSet, RulesInput, Signal};
 use crate::text::Obfuscation;
 use cel::{Env, Program, Value};
-use regex::{Regex, RegexSet};
+use regex::{Regex, RegexSetBuilder};
 use regex_syntax::hir::{Hir, HirKind, Look};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,13 +60,25 @@ pub fn compile(
     let allowlist = class(classes.allowlist, SpecRef::Allow, "allowlist entry");
     match default {
         Some(default) if problems.is_empty() => {
-            let prefilter =
-                RegexSet::new(signals.iter().flat_map(|s| s.patterns.iter().map(|p| prefilter_form(p.as_str())))).ok();
+            let prefilter = RegexSetBuilder::new(
+                signals.iter().flat_map(|s| s.patterns.iter().map(|p| prefilter_form(p.as_str()))),
+            )
+            .dfa_size_limit(PREFILTER_DFA_BYTES)
+            .build()
+            .ok();
             (Some(RuleSet { env, signals, prefilter, rules, guards, allowlist, default }), problems)
         }
         _ => (None, problems),
     }
 }
+
+/// The prefilter's lazy DFA cache, per thread that searches with it (the regex crate's default is
+/// 2 MiB). The bundled signals are many Unicode case-insensitive patterns: over a stream of varied
+/// multilingual texts a 2 MiB cache fills, is cleared again and again, and the search gives up to
+/// the PikeVM. `cargo bench --bench request_path -- text/stream/count_signals` over blind set
+/// ml5's 777 messages: 1.4 ms per text at 2 MiB, 0.43 ms at 8, 55 µs at 16, 52 µs at 32
+/// (docs/BENCHMARKS.md). The memory is only taken as states are built.
+const PREFILTER_DFA_BYTES: usize = 16 << 20;
 
 /// A signal pattern as the prefilter `RegexSet` runs it: without its word-boundary assertions
 /// (`\b`, `\B`, `\b{start}`, ...). An assertion only removes matches, so this form matches

@@ -26,6 +26,7 @@
 # Output: target/e2e/<timestamp>/ (results.jsonl, ceiling.txt, report.md, logs).
 # Knobs (env): E2E_DURATION (measured s per rate, 5), E2E_WARMUP (1.5), E2E_FRACTIONS (of the
 # ceiling), E2E_SHORT_RATES / E2E_LONG_RATES (absolute rates instead), E2E_OVERLOAD, E2E_ONLY (space-separated subset of: tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w, and tg-before with E2E_BEFORE),
+# E2E_KINDS (short long: the message sets swept),
 # E2E_SKIP_IDLE_WAIT=1 and E2E_SKIP_CEILING=1 (smoke tests only), E2E_TG_OFF / E2E_TG_ON ([model] settings, "key=value ...").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,6 +40,7 @@ SHIPPED="${E2E_SHIPPED:-tg-off}"  # the settings config/tiergate.toml ships (max
 OVERLOAD="${E2E_OVERLOAD:-$SHIPPED py-1w}"
 DEADLINE_MS=200  # config/tiergate.toml default_deadline_ms
 ONLY="${E2E_ONLY:-tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w}"
+KINDS="${E2E_KINDS:-short long}"
 # The model's thread budget is 2 for every server. tiergate: two sessions of 1 intra-op thread
 # (2x1, the fastest layout here, see docs/BENCHMARKS.md), micro-batching off (max_batch 1) and
 # on (the best settings of the exploration there, now the shipped defaults); and the former defaults of
@@ -221,7 +223,7 @@ tg_config "$TG_1X2" tg-1x2 > /dev/null
 tg_config "$TG_1X2_OFF" tg-1x2-off > /dev/null
 echo "label offered achieved goodput p50 p95 p99 max svc_p50 degraded err tmo unsent conns srvCPU cliCPU RSS_MB" > "$OUT/table.txt"
 for name in $ONLY; do
-    for kind in short long; do
+    for kind in $KINDS; do
         if [[ $kind == short ]]; then args=("${SHORT[@]}"); rates="$SHORT_RATES"; else args=("${LONG[@]}"); rates="$LONG_RATES"; fi
         log "$name $kind: unloaded (20/s)"
         measure "$name" unloaded.jsonl "$name/$kind/unloaded" 20 "${args[@]}" || true

@@ -224,6 +224,9 @@ impl Config {
         if let Some(audit) = &self.audit {
             audit.validate()?;
         }
+        if !(0..=19).contains(&s.runtime_nice) {
+            return Err(format!("`server.runtime_nice` must be in 0..=19 (a nice value), got {}", s.runtime_nice));
+        }
         if s.default_deadline_ms > s.max_deadline_ms {
             return Err("`server.default_deadline_ms` must not exceed `server.max_deadline_ms`".into());
         }
@@ -329,6 +332,18 @@ fn expand_env(s: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_nice_value_is_a_nice_value() {
+        let config = Config::parse("[server]\nruntime_nice = 10").unwrap();
+        assert!(config.validate().is_ok());
+        assert_eq!(config.server.runtime_nice, 10);
+        for bad in ["-1", "20"] {
+            let config = Config::parse(&format!("[server]\nruntime_nice = {bad}")).unwrap();
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains("server.runtime_nice") && err.contains("0..=19"), "{err}");
+        }
+    }
 
     #[test]
     fn durations_over_a_day_are_refused_naming_the_key() {

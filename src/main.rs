@@ -10,6 +10,13 @@ use tiergate::gateway::{GatewayConfig, Sources};
 use tiergate::policy::Policy;
 use tiergate::{App, Gateway};
 
+/// mimalloc for Rust's allocations: the request path allocates many small short-lived objects
+/// on every thread (HTTP, JSON, CEL values, tokenizer encodings), and glibc's malloc/free were
+/// the largest single cost of the async runtime under load (docs/BENCHMARKS.md, issue 28).
+/// ONNX Runtime's own allocations still go through glibc (`tiergate::malloc` bounds its arenas).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cli;
 
 const DEFAULT_CONFIG: &str = "config/tiergate.toml";
@@ -214,7 +221,8 @@ fn serve(
     if let Some(m) = models {
         config.model.dir = m;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The model workers start inside `block_on`, on this thread, at the process's priority.
+    let runtime = tiergate::ingress::runtime(&config.server)?;
     runtime.block_on(async move {
         let gateway = Gateway::start(&config.gateway(), Sources::default())?;
         let listener = tokio::net::TcpListener::bind(config.server.listen)

@@ -7,8 +7,10 @@ mod app;
 mod config;
 mod conn;
 mod endpoints;
+mod runtime;
 mod server;
 
 pub use app::{App, Role};
 pub use config::AdminConfig;
+pub use runtime::runtime;
 pub use server::serve;

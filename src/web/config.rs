@@ -49,6 +49,14 @@ pub struct ServerConfig {
     /// Most open client connections per listener; past it new connections wait in the kernel's
     /// accept backlog until one closes (nginx's `worker_connections`).
     pub max_connections: usize,
+    /// Nice value of the async runtime's threads (HTTP, parsing, canonical text, signals, rules,
+    /// answers), 0..=19, added to the process's own; the cpu tier's model workers keep the
+    /// process's. Above 0 the kernel gives the workers the larger share of a contended CPU: a
+    /// retry storm answered by the rules no longer halves the model's throughput, but when the
+    /// rules' excess needs more CPU than its share, their answers wait instead (measured in
+    /// docs/BENCHMARKS.md "A retry storm"; 0, the default, keeps excess answers fast). Raising a
+    /// thread's nice value needs no privilege; threads the runtime starts inherit it.
+    pub runtime_nice: i32,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +77,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 10_000,
             max_concurrent_requests: 4_096,
             max_connections: 16_384,
+            runtime_nice: 0,
         }
     }
 }

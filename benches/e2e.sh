@@ -250,7 +250,7 @@ print(max([r["goodput_rps"] for r in rows if r["label"]==sys.argv[2] and r["sust
 }
 for name in $OVERLOAD; do
     [[ " $ONLY " == *" $name "* ]] || continue
-    for kind in short long; do
+    for kind in $KINDS; do
         if [[ $kind == short ]]; then args=("${SHORT[@]}"); else args=("${LONG[@]}"); fi
         s="$(sustainable "$name/$kind")"
         [[ "$s" == 0 ]] && s="$(sustainable "$SHIPPED/$kind")"

@@ -232,8 +232,11 @@ def main():
         return f"{'met' if worst <= 1.0 else 'MISSED'}: " + ", ".join(parts)
 
     def t_rss(kind):
-        m = max(max((r["server_rss_peak_mb"] or 0), (r["server_hwm_mb"] or 0))
-                for c in ("tg-off", "tg-on", "tg-1x2-off", "tg-1x2") if (c, kind) in by for r in by[(c, kind)].values())
+        m = max((max((r["server_rss_peak_mb"] or 0), (r["server_hwm_mb"] or 0))
+                 for c in ("tg-off", "tg-on", "tg-1x2-off", "tg-1x2") if (c, kind) in by for r in by[(c, kind)].values()),
+                default=None)
+        if m is None:
+            return "not measured"
         return f"{'met' if m <= 250 else 'MISSED'}: {m:.0f} MB at most"
 
     p(f"| tiergate (batching on) >= 90 % of the ceiling at p99 < {P99_BOUND_MS:.0f} ms | {cell('short', t_ceiling)} | {cell('long', t_ceiling)} |")

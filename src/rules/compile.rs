@@ -75,7 +75,7 @@ pub fn compile(
 /// The prefilter's lazy DFA cache, per thread that searches with it (the regex crate's default is
 /// 2 MiB). The bundled signals are many Unicode case-insensitive patterns: over a stream of varied
 /// multilingual texts a 2 MiB cache fills, is cleared again and again, and the search gives up to
-/// the PikeVM. `cargo bench --bench request_path -- text/stream/count_signals` over blind set
+/// the PikeVM. `cargo bench --bench request_path -- text/stream_ml5/count_signals` over blind set
 /// ml5's 777 messages: 1.4 ms per text at 2 MiB, 0.43 ms at 8, 55 µs at 16, 52 µs at 32
 /// (docs/BENCHMARKS.md). The memory is only taken as states are built.
 const PREFILTER_DFA_BYTES: usize = 16 << 20;

@@ -5,6 +5,7 @@
 # latency from each request's intended send time). Prints added p50/p99 over direct.
 #
 #   benches/proxy_overhead.sh                 # RATES=500,1000,2000,4000 DURATION=10 by default
+#   TIERGATE_BIN=path/to/tiergate benches/proxy_overhead.sh   # another build (before/after)
 #
 # Needs nginx (Debian: `apt-get install nginx`). Everything runs on this machine's cores: the
 # generator, the upstream, and the proxy under test (nginx: 2 workers; tiergate: its default
@@ -62,7 +63,7 @@ EOF
 
 nginx -c "$OUT/nginx.conf" -p "$OUT" &
 NGINX=$!
-RUST_LOG=warn target/release/tiergate serve --config "$OUT/tiergate.toml" &
+RUST_LOG=warn "${TIERGATE_BIN:-target/release/tiergate}" serve --config "$OUT/tiergate.toml" &
 TIERGATE=$!
 trap 'kill $NGINX $TIERGATE 2>/dev/null; wait 2>/dev/null' EXIT
 for port in 18801 18802 18804; do

@@ -13,6 +13,8 @@
 //! the cost of one request in the 2x1 layout.
 //! Only those: `cargo bench --bench ceiling -- stream`.
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::path::Path;
 use tiergate::tier::model::{ModelAssets, SessionOptions};
@@ -26,16 +28,11 @@ fn messages(long: bool) -> Vec<String> {
 
 /// Every message of a kind, as `benches/e2e.sh` selects them (short: < 160 bytes; long: > 1500).
 fn all_messages(long: bool) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    let (file, keep): (&str, fn(&str) -> bool) =
-        if long { ("test_sample.jsonl", |t| t.len() > 1500) } else { ("ood_short.jsonl", |t| t.len() < 160) };
-    std::fs::read_to_string(root.join(file))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["text"].as_str().map(str::to_string))
-        .filter(|t| keep(t))
-        .collect()
+    if long {
+        common::texts("test_sample.jsonl", |t| t.len() > 1500)
+    } else {
+        common::texts("ood_short.jsonl", |t| t.len() < 160)
+    }
 }
 
 /// The `i`-th batch of `batch` consecutive messages, wrapping around.

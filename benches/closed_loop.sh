@@ -17,6 +17,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+source benches/lib.sh
+SERVER=""
+trap '[[ -n "$SERVER" ]] && kill $SERVER 2>/dev/null || true' EXIT
 CONNS=("$@")
 [[ $# -eq 0 ]] && CONNS=(4 256)
 DURATION="${CLOSED_DURATION:-15}"
@@ -53,15 +56,7 @@ print(model, rules)'
 printf '%-6s %-4s %9s %9s %9s %8s %8s %8s %8s\n' conns run 'req/s' 'model/s' 'rules/s' 'p50 ms' 'p99 ms' 'srvCPU' 'wrkCPU' | tee "$OUT/report.txt"
 for conns in "${CONNS[@]}"; do
     for run in $(seq "$REPEAT"); do
-        target/release/tiergate serve --config "$CONFIG" --listen 127.0.0.1:$PORT \
-            --admin-listen 127.0.0.1:$ADMIN_PORT > "$OUT/server-$conns-$run.log" 2>&1 &
-        SERVER=$!
-        trap 'kill $SERVER 2>/dev/null || true' EXIT
-        for _ in $(seq 300); do
-            curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && break
-            kill -0 $SERVER 2>/dev/null || { tail -5 "$OUT/server-$conns-$run.log" >&2; exit 1; }
-            sleep 0.1
-        done
+        start_tiergate "$CONFIG" $PORT $ADMIN_PORT "$OUT/server-$conns-$run.log"
         URL="http://127.0.0.1:$PORT/v1/classify"
         # Warm-up: the sessions' first runs and the regex caches.
         TIERGATE_BENCH_DATA="$DATA" wrk -t1 -c4 -d2s -s benches/classify.lua "$URL" > /dev/null

@@ -79,14 +79,21 @@ fn bench(c: &mut Criterion) {
         // The bundled policies with the cpu tier ineligible at the fixed 0.1 reading.
         let dir = std::env::temp_dir().join(format!("tiergate-bench-policies-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut lowered = 0;
         for entry in std::fs::read_dir(repo.join("policies")).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let text = std::fs::read_to_string(&path).unwrap();
+                lowered += text.matches("max_utilization = 1.0").count();
                 let text = text.replace("max_utilization = 1.0", "max_utilization = 0.05");
                 std::fs::write(dir.join(path.file_name().unwrap()), text).unwrap();
             }
         }
+        // Else `short_rules` would silently time the model again.
+        assert!(
+            lowered > 0,
+            "no `max_utilization = 1.0` in policies/: layer/short_rules needs another way to rule out the cpu tier"
+        );
         let mut config = config.clone();
         config.policies.dir = dir;
         rt.block_on(async {

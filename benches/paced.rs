@@ -8,6 +8,8 @@
 //! Run: `cargo bench --bench paced` (about a minute). Prints one table row per gap: median and
 //! p90 wall time per call, mean thread CPU per call.
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tiergate::tier::model::{ModelAssets, SessionOptions};
@@ -19,17 +21,6 @@ fn thread_cpu() -> Duration {
     // SAFETY: a valid clock id and a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn short_messages() -> Vec<String> {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ood_short.jsonl");
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["text"].as_str().map(str::to_string))
-        .filter(|t| t.len() < 160)
-        .collect()
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -45,7 +36,7 @@ fn main() {
     let mut classifier = assets
         .classifier(env, SessionOptions::from(&ModelConfig { intra_threads: 1, ..ModelConfig::default() }))
         .unwrap();
-    let texts = short_messages();
+    let texts = common::texts("ood_short.jsonl", |t| t.len() < 160);
     let calls = 400;
     for text in texts.iter().take(50) {
         classifier.classify(&[text]).unwrap(); // warm up

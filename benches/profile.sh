@@ -16,6 +16,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+source benches/lib.sh
 RATE="${1:-200}"
 SECONDS_="${2:-20}"
 DATA="${PROFILE_DATA:-tests/data/ood_short.jsonl}"
@@ -32,15 +33,9 @@ log "building (cargo build --release; bench openloop)"
 cargo build --release --quiet
 OPENLOOP="$(benches/bench_bin.sh openloop)"
 
-target/release/tiergate serve --config config/tiergate.toml --listen 127.0.0.1:$PORT \
-    --admin-listen 127.0.0.1:$ADMIN_PORT > "$OUT/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 300); do
-    curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && break
-    kill -0 $SERVER 2>/dev/null || { tail -5 "$OUT/server.log" >&2; exit 1; }
-    sleep 0.1
-done
+SERVER=""
+trap '[[ -n "$SERVER" ]] && kill $SERVER 2>/dev/null || true' EXIT
+start_tiergate config/tiergate.toml $PORT $ADMIN_PORT "$OUT/server.log"
 URL="http://127.0.0.1:$PORT/v1/classify"
 curl -sf -o /dev/null "$URL" -H 'content-type: application/json' -d '{"text":"warm up"}'
 
@@ -56,8 +51,8 @@ wait $PERF || true
 report() { perf report -i "$OUT/perf.data" --no-children --stdio "$@" 2>/dev/null | grep -v '^$'; }
 report --sort comm > "$OUT/by_thread.txt"
 report --sort comm,dso > "$OUT/by_thread_library.txt"
-report --sort symbol --percent-limit 0.3 | head -80 > "$OUT/by_function.txt"
-report --sort comm,symbol --percent-limit 0.3 | head -120 > "$OUT/by_thread_function.txt"
+report --sort symbol --percent-limit 0.3 | sed -n 1,80p > "$OUT/by_function.txt"
+report --sort comm,symbol --percent-limit 0.3 | sed -n 1,120p > "$OUT/by_thread_function.txt"
 log "done: $OUT"
-grep -v '^#' "$OUT/by_thread.txt" | head -12
-grep -v '^#' "$OUT/by_function.txt" | head -30
+grep -v '^#' "$OUT/by_thread.txt" | sed -n 1,12p
+grep -v '^#' "$OUT/by_function.txt" | sed -n 1,30p

@@ -4,6 +4,8 @@
 //!
 //! Run: `cargo bench --bench request_path`
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::HeaderMap;
 use std::hint::black_box;
@@ -103,7 +105,8 @@ fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {
     // the regex engines' lazy DFA caches meet many texts rather than one again and again.
     // `short`: what `benches/e2e.sh` sends (ood_short, under 160 bytes); `ml5`: blind set ml5's
     // 777 messages in 21 languages, whole.
-    for (name, stream) in [("short", stream("ood_short.jsonl", 160)), ("ml5", stream("blind_ml5.jsonl", usize::MAX))] {
+    let short = common::texts("ood_short.jsonl", |t| t.len() < 160);
+    for (name, stream) in [("short", short), ("ml5", common::texts("blind_ml5.jsonl", |_| true))] {
         let mut i = 0;
         let mut next = || {
             i += 1;
@@ -119,18 +122,6 @@ fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {
             b.iter(|| policy.rules.count_signals(black_box(next())))
         });
     }
-}
-
-/// The texts of `tests/data/<file>` shorter than `max_bytes`, in the file's order.
-fn stream(file: &str, max_bytes: usize) -> Vec<String> {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file);
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["text"].as_str().map(str::to_string))
-        .filter(|t| t.len() < max_bytes)
-        .collect()
 }
 
 fn bench_complexity(c: &mut Criterion, policy: &Policy, counter: &TokenCounter, worst: &str, long: &str) {

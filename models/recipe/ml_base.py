@@ -265,6 +265,7 @@ SERVED_RANGES = [  # scripts of the served languages (single-character pieces of
     (0x3000, 0x30FF),   # CJK punctuation, Hiragana, Katakana
     (0x3100, 0x312F), (0x31F0, 0x31FF), (0x3200, 0x33FF),
     (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),   # CJK ideographs (Simplified + Traditional, ext A, compat)
+    (0x1100, 0x11FF), (0x3130, 0x318F), (0xAC00, 0xD7AF),   # Hangul jamo, compatibility jamo, syllables (ko, round 5)
     (0xFF00, 0xFFEF),   # half/full-width forms
     (0x1F000, 0x1FAFF),  # emoji & pictographs
     (0x20000, 0x2A6DF),  # CJK ext B (rare; single chars only)

@@ -12,6 +12,15 @@ MAX_LEN = 128      # [<s>] + 126 content tokens + [</s>]
 STRIDE = 64
 BOS, PAD, EOS = 0, 1, 2
 HIDDEN = 384
+# DEVICE=cuda trains on a GPU (the recipe's defaults are CPU); tensors are built on the CPU and moved here, and every
+# checkpoint is saved with CPU tensors so that the other steps (finalize, eval) load it anywhere.
+DEV = torch.device(os.environ.get("DEVICE", "cpu"))
+
+def cpu_state(model):
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+def load_state(path):
+    return torch.load(path, weights_only=False, map_location="cpu")
 
 def read_jsonl(p):
     return [json.loads(l) for l in open(p, encoding="utf-8") if l.strip()]
@@ -109,8 +118,9 @@ def predict(model, seqs, bs=32):
     for i in range(0, len(seqs), bs):
         idx = order[i:i + bs]
         ids, m = pad_batch([seqs[j] for j in idx])
-        lg, _ = model(ids, m)
-        P[idx] = torch.softmax(lg, -1)[:, 1].numpy()
+        dev = next(model.parameters()).device
+        lg, _ = model(ids.to(dev), m.to(dev))
+        P[idx] = torch.softmax(lg.float(), -1)[:, 1].cpu().numpy()
     return P
 
 

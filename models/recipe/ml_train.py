@@ -30,7 +30,7 @@ import hashlib, json, math, os, random, sys, time
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ml_common import (MLRiskClassifier, student_from_teacher, read_jsonl, tokenizer, window_ids, pad_batch, predict,
-                       per_lang, MAX_LEN, BOS, EOS)
+                       per_lang, MAX_LEN, BOS, EOS, DEV, cpu_state, load_state)
 
 cmd, data, base, ckpt_root = sys.argv[1:5]
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
@@ -40,6 +40,8 @@ N_ST = int(os.environ.get("STUDENT_LAYERS", 4))
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", 100))   # steps between resumable states
 STOP_AFTER = int(os.environ.get("STOP_AFTER", 0))     # test only: exit after this many steps in this process
 torch.manual_seed(SEED); random.seed(SEED); np.random.seed(SEED)
+if DEV.type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
 tok = tokenizer(os.path.join(base, "tokenizer.json"))
 
 def load_split(name, repeat=False):
@@ -91,7 +93,7 @@ def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
     st = {"stage": 0, "step": 0, "ep": 0, "pos": 0, "run": 0.0, "seen": 0, "elapsed": 0.0}
     opt_state = sch_state = None
     if os.path.exists(RES):
-        s = torch.load(RES, weights_only=False)
+        s = load_state(RES)
         if s["fp"] == fp:
             model.load_state_dict(s["model"]); opt_state, sch_state = s["opt"], s["sched"]
             st = {k: s[k] for k in st}; torch.set_rng_state(s["rng"])
@@ -110,6 +112,7 @@ def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
                 if bi < st["pos"]: continue
                 if st["step"] >= total: break
                 ids, m = pad_batch([enc[j] for j in b]); y = torch.tensor([labels[j] for j in b])
+                ids, m, y = ids.to(DEV), m.to(DEV), y.to(DEV)
                 loss, parts = (loss_fn(st["stage"], ids, m, y, idx=b) if WANTS_IDX(loss_fn) else loss_fn(st["stage"], ids, m, y))
                 opt.zero_grad(); loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -120,7 +123,7 @@ def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
                     print(f"{tag} stage {st['stage']} step {st['step']}/{total} ep {st['ep']} loss {st['run']:.4f} "
                           f"{parts} {st['seen'] / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
                 if st["step"] % SAVE_EVERY == 0 and st["step"] < total:
-                    torch.save({"fp": fp, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sch.state_dict(),
+                    torch.save({"fp": fp, "model": cpu_state(model), "opt": opt.state_dict(), "sched": sch.state_dict(),
                                 **st, "elapsed": time.time() - t0, "rng": torch.get_rng_state()}, RES + ".tmp")
                     os.replace(RES + ".tmp", RES)
                 done_here += 1
@@ -130,19 +133,19 @@ def run_loop(model, steps_list, enc, labels, ckdir, fp, loss_fn, lrs, tag):
                 st["ep"] += 1; st["pos"] = 0
         st["stage"] += 1; st["step"] = 0; st["ep"] = 0; st["pos"] = 0
         if st["stage"] < len(steps_list):   # stage boundary: save so that a restart begins the next stage
-            torch.save({"fp": fp, "model": model.state_dict(), "opt": make_opt(model, lrs[st['stage']], steps_list[st['stage']])[0].state_dict(),
+            torch.save({"fp": fp, "model": cpu_state(model), "opt": make_opt(model, lrs[st['stage']], steps_list[st['stage']])[0].state_dict(),
                         "sched": make_opt(model, lrs[st['stage']], steps_list[st['stage']])[1].state_dict(),
                         **st, "elapsed": time.time() - t0, "rng": torch.get_rng_state()}, RES + ".tmp")
             os.replace(RES + ".tmp", RES)
     model.eval()
-    torch.save(model.state_dict(), os.path.join(ckdir, "model.pt"))
+    torch.save(cpu_state(model), os.path.join(ckdir, "model.pt"))
     if os.path.exists(RES): os.remove(RES)
     return time.time() - t0
 
 def teacher_model():
     model = MLRiskClassifier(base, attn="sdpa")
     model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    return model
+    return model.to(DEV)
 
 if cmd == "teacher":
     EPOCHS = float(os.environ.get("EPOCHS", 2)); LR = 5e-5
@@ -153,7 +156,7 @@ if cmd == "teacher":
     # instead of from the base encoder.
     init = os.environ.get("TEACHER_INIT", "")
     if init:
-        model.load_state_dict(torch.load(init, weights_only=False)); print("teacher continues from", init, flush=True)
+        model.load_state_dict(load_state(init)); print("teacher continues from", init, flush=True)
     total = int(math.ceil(len(enc) / BS) * EPOCHS)
     fp = fingerprint({"what": "teacher", "EPOCHS": EPOCHS, "LR": LR, "BS": BS, "REP_ML": REP_ML, "SEED": SEED,
                       **({"INIT": init} if init else {})})
@@ -174,13 +177,13 @@ elif cmd == "student":
     rows, enc = load_split("train", repeat=True); labels = [r["label"] for r in rows]
     tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
     teacher = MLRiskClassifier(base, attn="eager")
-    sd = torch.load(tpath, weights_only=False)
+    sd = load_state(tpath)
     teacher_src = tpath
     if "model" in sd and "fp" in sd:      # an unfinished teacher's resume.pt (to prove the pipeline early)
         teacher_src = f"{tpath} (step {sd['step']}, unfinished)"; sd = sd["model"]
-    teacher.load_state_dict(sd); teacher.eval()
+    teacher.load_state_dict(sd); teacher.eval(); teacher.to(DEV)
     for p in teacher.parameters(): p.requires_grad_(False)
-    student, mapping = student_from_teacher(teacher, N_ST)
+    student, mapping = student_from_teacher(teacher, N_ST); student.to(DEV)
     student.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
     print(f"student L{N_ST} from teacher {teacher_src}; layer map (teacher hidden-state index) {mapping}; "
           f"train examples {len(rows)}", flush=True)
@@ -253,34 +256,34 @@ elif cmd == "kd":
             enc.append(augment(i)); labels.append(-100)
     cache = os.path.join(ckdir, "teacher_logits.pt")
     fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc)})
-    T = torch.load(cache, weights_only=False) if os.path.exists(cache) else None
+    T = load_state(cache) if os.path.exists(cache) else None
     if T is None or T["fp"] != fp:
         T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}
     tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
     if T["done"] < len(enc):
-        teacher = MLRiskClassifier(base); teacher.load_state_dict(torch.load(tpath, weights_only=False)); teacher.eval()
+        teacher = MLRiskClassifier(base); teacher.load_state_dict(load_state(tpath)); teacher.eval(); teacher.to(DEV)
         t0 = time.time(); start = T["done"]
         with torch.no_grad():
             for s0 in range(start, len(enc), 512):       # chunks of 512, sorted by length inside for padding
                 idx = sorted(range(s0, min(s0 + 512, len(enc))), key=lambda j: len(enc[j]))
                 for b0 in range(0, len(idx), 32):
                     b = idx[b0:b0 + 32]; ids, m = pad_batch([enc[j] for j in b])
-                    T["logits"][b] = teacher(ids, m)[0]
+                    T["logits"][b] = teacher(ids.to(DEV), m.to(DEV))[0].float().cpu()
                 T["done"] = min(s0 + 512, len(enc)); torch.save(T, cache + ".tmp"); os.replace(cache + ".tmp", cache)
                 el = time.time() - t0
                 print(f"teacher logits {T['done']}/{len(enc)} {(T['done'] - start) / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
         del teacher
-    TL = T["logits"]
+    TL = T["logits"].to(DEV)
     from transformers import BertConfig
     cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N_ST
-    student = MLRiskClassifier(config=cfg); student.load_state_dict(torch.load(INIT, weights_only=False))
+    student = MLRiskClassifier(config=cfg); student.load_state_dict(load_state(INIT)); student.to(DEV)
     student.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    agree = float(((TL[:len(rows)].argmax(-1) == torch.tensor(labels[:len(rows)])).float().mean()))
+    agree = float(((TL[:len(rows)].argmax(-1).cpu() == torch.tensor(labels[:len(rows)])).float().mean()))
     print(f"kd: student from {INIT}; {len(rows)} windows + {len(enc) - len(rows)} augmented; teacher agrees with the "
           f"labels on {agree:.4f} of the originals", flush=True)
     def loss_fn(stage, ids, m, y, idx=None):
         sl, _ = student(ids, m)
-        tl = TL[idx]
+        tl = TL[torch.as_tensor(idx, device=DEV)]
         soft = -(F.softmax(tl / KD_T, -1) * F.log_softmax(sl / KD_T, -1)).sum(-1).mean()
         hard = F.cross_entropy(sl, y, ignore_index=-100) if (y != -100).any() else sl.sum() * 0
         return soft + ALPHA * hard, f"soft {soft.item():.4f} hard {hard.item():.4f}"
@@ -303,8 +306,8 @@ elif cmd == "eval":
         model = MLRiskClassifier(config=cfg)
     p = os.path.join(d, "model.pt"); tag = what
     if not os.path.exists(p):
-        p = os.path.join(d, "resume.pt"); s = torch.load(p, weights_only=False)
+        p = os.path.join(d, "resume.pt"); s = load_state(p)
         model.load_state_dict(s["model"]); tag = f"{what}_stage{s['stage']}_step{s['step']}"
     else:
-        model.load_state_dict(torch.load(p, weights_only=False))
-    evaluate(model, tag, d)
+        model.load_state_dict(load_state(p))
+    evaluate(model.to(DEV), tag, d)

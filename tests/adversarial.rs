@@ -22,7 +22,11 @@ use std::collections::BTreeMap;
 /// allowed, 1 ordinary blocked; d: 3 and 2 after the guards that c prompted) before the rules
 /// were tuned on them.
 const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
-    ("tests/data/adversarial.jsonl", 0, 0, 0.98),
+    // 0.98 with the English model until 2026-12-04; the multilingual model that replaced it
+    // (models/MODEL_CARD.md, "The earlier check sets") sends 11 of its ordinary long mails,
+    // newsletters and security reports to review (labelled risk) rather than allowing them, and
+    // still allows no scam and blocks nothing ordinary here. Its b, c and d figures are better.
+    ("tests/data/adversarial.jsonl", 0, 0, 0.95),
     // 0.90 until the language gate read past the first window (issue 25, item 3): a Japanese
     // parcel scam whose URL outnumbers each Japanese script's letters was read by the English
     // model (risk 0.97, right by luck); it now goes to the rules as a Japanese text (review, the

@@ -1,15 +1,14 @@
 //! Dynamic batching correctness (not timing): batched results match unbatched ones for mixed
-//! lengths where the model is confident, each request gets its own result, a full queue sheds
-//! to rules, and a cancelled client does not leak a queue slot.
+//! lengths, each request gets its own result, a full queue sheds to rules, and a cancelled
+//! client does not leak a queue slot.
 //!
-//! The model is INT8 with *dynamic* quantisation: ONNX Runtime computes each activation
-//! tensor's scale at run time over the whole batch, so a text's scores depend on its
-//! batch-mates (up to 0.17 on the recipe's 64 validation texts; static QDQ scales would fix it
-//! but every static setting lost 1.2-1.7 % validation accuracy, models/MODEL_CARD.md). So the
-//! shipped settings run one request per inference (`max_batch = 1`) and a score never depends
-//! on other requests: [`the_shipped_settings_score_a_text_the_same_alone_and_under_load`].
-//! With batching turned on, confident verdicts stay within [`TOLERANCE`]; borderline ones may
-//! move and are below `accept_below` anyway.
+//! The bundled model is static (QDQ) INT8: its activation scales were fixed at calibration and
+//! the attention mask's path stays float, so a text scores the same alone and in any padded
+//! batch (models/MODEL_CARD.md: max |Δ| 0.0 on 64 texts). So the bundled config batches
+//! (`max_batch = 4`), and batch invariance (issue 26: ≤ 1e-3) is asserted for every text, not
+//! only confident ones: [`batched_results_match_unbatched_for_mixed_lengths`] and
+//! [`the_shipped_settings_score_a_text_the_same_alone_and_under_load`]. (A dynamic-INT8 model
+//! computes scales over the whole batch; such a model needs `max_batch = 1`, the code default.)
 
 mod common;
 use common::*;
@@ -55,13 +54,8 @@ fn unbatched(texts: &[String]) -> Vec<f64> {
     texts.iter().map(|t| c.classify(&[t.as_str()]).unwrap()[0].risk_score).collect()
 }
 
-/// How far a confident verdict may move in a batch (see the module doc).
-const TOLERANCE: f64 = 0.02;
-
-/// Whether a verdict alone is confident (far from the decision boundary).
-fn confident(risk: f64) -> bool {
-    risk >= 0.9 || risk <= 0.1
-}
+/// How far a score may move in a batch: issue 26's bound for batch invariance.
+const TOLERANCE: f64 = 1e-3;
 
 #[test]
 fn batched_results_match_unbatched_for_mixed_lengths() {
@@ -73,28 +67,22 @@ fn batched_results_match_unbatched_for_mixed_lengths() {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let together = c.classify(&refs).unwrap();
     let mut max_diff: f64 = 0.0;
-    let mut checked = 0;
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        eprintln!("text {i}: alone {a:.4}, in a batch of 16 {:.4} ({} tokens)", b.risk_score, b.tokens);
-        if !confident(*a) {
-            continue;
-        }
-        checked += 1;
+        eprintln!("text {i}: alone {a:.6}, in a batch of 16 {:.6} ({} tokens)", b.risk_score, b.tokens);
         max_diff = max_diff.max((a - b.risk_score).abs());
-        assert!((a - b.risk_score).abs() < TOLERANCE, "text {i}: alone {a}, in a batch {}", b.risk_score);
-        assert_eq!(*a >= 0.5, b.risk_score >= 0.5, "text {i}: same label");
+        assert!((a - b.risk_score).abs() <= TOLERANCE, "text {i}: alone {a}, in a batch {}", b.risk_score);
     }
-    assert!(checked >= 12, "most of the sample is confident ({checked})");
-    eprintln!("confident verdicts: max |risk alone - risk in a batch of 16| = {max_diff:.5}");
+    eprintln!("max |risk alone - risk in a batch of 16| = {max_diff:e}");
 }
 
-/// Batch invariance (issue 11): with the shipped `[model]` settings, a text scores the same alone
-/// and among concurrent requests (≤ 1e-3; one request per inference makes it exact).
+/// Batch invariance (issues 11 and 26): with the bundled config's `[model]` settings (batching
+/// on), a text scores the same alone and among concurrent requests (≤ 1e-3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_settings_score_a_text_the_same_alone_and_under_load() {
     let texts = texts();
     let env = tiergate::ort_lib::environment(None).unwrap();
-    let config = ModelConfig { dir: repo().join("models"), ..ModelConfig::default() };
+    let config = tiergate::config::Config::load(&repo().join("config/tiergate.toml")).unwrap().model;
+    assert!(config.max_batch > 1, "the bundled config batches: this test then sees batches form");
     let pool = Arc::new(OnnxPool::start(env, &config, "invariance-test").unwrap());
     let far = || tokio::time::Instant::now() + Duration::from_secs(30);
     let mut alone = Vec::new();
@@ -109,14 +97,15 @@ async fn the_shipped_settings_score_a_text_the_same_alone_and_under_load() {
             tokio::spawn(async move { (i, pool.classify(t, Prepared::default(), far()).await.unwrap()) })
         })
         .collect();
-    let mut max_diff: f64 = 0.0;
+    let (mut max_diff, mut batched): (f64, usize) = (0.0, 0);
     for task in tasks {
         let (i, v) = task.await.unwrap();
-        assert_eq!(v.batch_size, 1);
+        batched += usize::from(v.batch_size > 1);
         max_diff = max_diff.max((v.risk_score - alone[i]).abs());
     }
-    eprintln!("max |risk alone - risk under load| = {max_diff:e}");
-    assert!(max_diff <= 1e-3, "scores depend on other requests: {max_diff}");
+    eprintln!("max |risk alone - risk under load| = {max_diff:e} ({batched} of 64 ran in batches > 1)");
+    assert!(batched > 0, "64 requests in flight on 2 workers formed no batch");
+    assert!(max_diff <= TOLERANCE, "scores depend on other requests: {max_diff}");
 }
 
 #[tokio::test]
@@ -137,10 +126,10 @@ async fn concurrent_requests_are_batched_and_each_gets_its_own_result() {
     let mut batched = 0;
     for (i, task) in tasks.into_iter().enumerate() {
         let v = task.await.unwrap().unwrap();
-        // Confident verdicts of different texts differ by far more than TOLERANCE, so a result
-        // routed to the wrong request would show here.
+        // A score is the same alone and in a batch, and different texts' scores differ by far
+        // more than TOLERANCE, so a result routed to the wrong request would show here.
         assert!(
-            !confident(alone[i]) || (v.risk_score - alone[i]).abs() < TOLERANCE,
+            (v.risk_score - alone[i]).abs() <= TOLERANCE,
             "text {i} got another request's result? {} vs {}",
             v.risk_score,
             alone[i]

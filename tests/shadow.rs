@@ -69,7 +69,7 @@ async fn a_shadow_policy_is_counted_and_logged_and_never_changes_a_response() {
 }
 
 /// The bundled model as its own candidate: every request is scored (also those the live cpu tier
-/// gives no verdict, e.g. Chinese for the English model), the pairs are counted and logged, and
+/// gives no verdict, e.g. a language outside `model_languages`), the pairs are counted and logged, and
 /// where the live cpu tier scored, the candidate's score is the same (one model, one text, batch
 /// of one), so `tiergate model agreement` reports 1.000.
 #[tokio::test]
@@ -84,6 +84,7 @@ async fn a_shadow_model_scores_beside_the_cpu_tier_and_its_agreement_is_reported
     let plain = default_server();
     let mut texts: Vec<String> = labelled("test_sample.jsonl").into_iter().take(10).map(|(t, _)| t).collect();
     texts.push("您好，您的快递已到小区驿站，取件码 3-2-1147，请于今天18点前取走。".into());
+    texts.push("Twoja paczka czeka w automacie InPost przy ul. Długiej, kod odbioru 482913, odbierz do piątku.".into());
     let mut cpu_scored = Vec::new();
     for text in &texts {
         let a = classify_unhurried(addr, json!({"text": text})).await.json();
@@ -119,14 +120,16 @@ async fn a_shadow_model_scores_beside_the_cpu_tier_and_its_agreement_is_reported
         assert!((cand - live_score).abs() < 1e-6, "same model, same text: {cand} vs {live_score}: {l}");
         assert_eq!(l["live"]["cpu"]["label"], l["candidate"]["label"], "{l}");
     }
-    let chinese = lines.iter().find(|l| l["lang"] == "cmn").expect("the Chinese notice is scored too");
+    let chinese = lines.iter().find(|l| l["lang"] == "cmn").expect("the Chinese notice is scored");
+    assert!(chinese["live"]["cpu"].is_object(), "the bundled model reads Chinese: {chinese}");
+    let polish = lines.iter().find(|l| l["lang"] == "pol").expect("the Polish notice is scored too");
     assert!(
-        chinese["live"]["cpu"].is_null(),
-        "the English model reads no Chinese: its verdict is set aside, not compared: {chinese}"
+        polish["live"]["cpu"].is_null(),
+        "Polish is not among model_languages: the live verdict is set aside, not compared: {polish}"
     );
 
     let ready = send(addr, "GET", "/readyz", &[], "").await.json();
-    assert_eq!(ready["shadow_model"]["model"]["name"], "risk-minilm-l6-int8", "{ready}");
+    assert_eq!(ready["shadow_model"]["model"]["name"], "risk-ml-e5s-l2-int8", "{ready}");
     assert_eq!(ready["shadow_model"]["workers"], 1, "{ready}");
     let metrics = String::from_utf8_lossy(&send(addr, "GET", "/metrics", &[], "").await.body).to_string();
     let scored: u64 = metrics

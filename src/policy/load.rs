@@ -149,6 +149,16 @@ impl Merged {
         }
         if let Some((file, c)) = &self.cascade {
             check_unit(file, "cascade.accept_below", c.accept_below, problems);
+            if let Some(r) = c.accept_risk_below {
+                check_unit(file, "cascade.accept_risk_below", r, problems);
+                if r < c.accept_below {
+                    problems.push(at(
+                        file,
+                        "cascade",
+                        format!("accept_risk_below ({r}) must not be below accept_below ({})", c.accept_below),
+                    ));
+                }
+            }
             check_unit(file, "cascade.ood_above", c.ood_above, problems);
             for (guess, served) in &c.language_neighbours {
                 if !c.model_languages.contains(served) {

@@ -36,6 +36,12 @@ pub struct Cascade {
     pub escalate_below: Option<f64>,
     /// A final model verdict with calibrated confidence below this goes to rules.
     pub accept_below: f64,
+    /// A model verdict of `risk` needs at least this calibrated confidence to stand (and to
+    /// skip escalation): a blocking verdict must be precise on legitimate look-alikes, as a
+    /// blocking guard must. Below it the verdict escalates or goes to rules (the bundled
+    /// `model_leaning_risky` rule makes it a review). Defaults to `accept_below`; never lower.
+    #[serde(default)]
+    pub accept_risk_below: Option<f64>,
     /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its
     /// confidence: it escalates to the gpu tier when eligible, else goes to rules.
     pub ood_above: f64,
@@ -72,6 +78,21 @@ fn latin() -> Vec<String> {
 impl Cascade {
     pub fn escalate_below(&self) -> f64 {
         self.escalate_below.unwrap_or(self.accept_below)
+    }
+
+    /// The confidence a final verdict needs to stand: `accept_risk_below` for a `risk` verdict
+    /// (`risk_score > 0.5`), `accept_below` for an `ok` one.
+    pub fn accept_below_for(&self, risk_score: f64) -> f64 {
+        match self.accept_risk_below {
+            Some(r) if risk_score > 0.5 => r.max(self.accept_below),
+            _ => self.accept_below,
+        }
+    }
+
+    /// The confidence a cpu verdict needs to skip escalation: `escalate_below`, raised to
+    /// [`Self::accept_below_for`] where that is higher (a verdict that could not stand escalates).
+    pub fn escalate_below_for(&self, risk_score: f64) -> f64 {
+        self.escalate_below().max(self.accept_below_for(risk_score))
     }
 }
 

@@ -24,7 +24,7 @@ pub use eligibility::{below_limit, cpu_eligibility, gpu_below, gpu_eligibility, 
 pub use signals::{Below, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 
 use crate::complexity::Complexity;
-use crate::policy::{Policy, WhenSaturated};
+use crate::policy::{Cascade, Policy, WhenSaturated};
 use crate::text::Language;
 use crate::tier::{ModelVerdict, TierError};
 use serde::Serialize;
@@ -245,8 +245,10 @@ pub fn after_cpu(
         (Outcome::Unread, why)
     } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
         (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
-    } else if v.confidence < c.escalate_below() {
-        (Outcome::LowConfidence, format!("confidence {:.3} below escalate_below {}", v.confidence, c.escalate_below()))
+    } else if v.confidence < c.escalate_below_for(v.risk_score) {
+        let below = c.escalate_below_for(v.risk_score);
+        let name = if below > c.escalate_below() { "accept_risk_below" } else { "escalate_below" };
+        (Outcome::LowConfidence, format!("confidence {:.3} below {name} {below}", v.confidence))
     } else {
         return Next::Accept { note: None };
     };
@@ -260,9 +262,9 @@ pub fn after_cpu(
     };
     match blocked {
         None => Next::Escalate { outcome, reason },
-        Some(why) if outcome != Outcome::LowConfidence || v.confidence < c.accept_below => {
+        Some(why) if outcome != Outcome::LowConfidence || v.confidence < c.accept_below_for(v.risk_score) => {
             let reason = if outcome == Outcome::LowConfidence {
-                format!("confidence {:.3} below accept_below {}", v.confidence, c.accept_below)
+                format!("confidence {:.3} below {}", v.confidence, accept_name(c, v.risk_score))
             } else {
                 reason
             };
@@ -274,7 +276,7 @@ pub fn after_cpu(
 
 /// After the gpu tier answered: accept, or hand over to rules.
 pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
-    let accept_below = policy.cascade.accept_below;
+    let accept_below = policy.cascade.accept_below_for(v.risk_score);
     if let Some(reason) = not_finite(v) {
         Next::Rules { outcome: Outcome::Error, reason }
     } else if let Some(reason) = unread_ok(v) {
@@ -283,13 +285,24 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     } else if v.confidence < accept_below {
         Next::Rules {
             outcome: Outcome::LowConfidence,
-            reason: format!("confidence {:.3} below accept_below {accept_below}", v.confidence),
+            reason: format!("confidence {:.3} below {}", v.confidence, accept_name(&policy.cascade, v.risk_score)),
         }
     } else if v.confidence <= 0.5 {
         // Two labels at even odds say nothing, whatever accept_below allows.
         Next::Rules { outcome: Outcome::LowConfidence, reason: "unsure: confidence 0.5 (even odds)".into() }
     } else {
         Next::Accept { note: None }
+    }
+}
+
+/// The threshold a verdict missed, named as in the policy: "accept_risk_below 0.97" or
+/// "accept_below 0.9".
+fn accept_name(c: &Cascade, risk_score: f64) -> String {
+    let below = c.accept_below_for(risk_score);
+    if below > c.accept_below {
+        format!("accept_risk_below {below}")
+    } else {
+        format!("accept_below {below}")
     }
 }
 
@@ -361,3 +374,5 @@ pub fn after_failed_escalation(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verdict_tests;

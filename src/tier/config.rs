@@ -51,9 +51,10 @@ impl Default for ModelConfig {
             dir: PathBuf::from("models"),
             onnxruntime: None,
             // Two single-threaded sessions beat one two-threaded session on 2 cores, raw and end to
-            // end (docs/BENCHMARKS.md). One request per inference: the shipped model is dynamic
-            // INT8, whose activation scales span the batch, so a batch-mate moves a score by up to
-            // 0.17 (models/MODEL_CARD.md); and batching gained 0.86-1.0x end to end here.
+            // end (docs/BENCHMARKS.md). One request per inference unless configured: a dynamic-INT8
+            // model's activation scales span the batch, so a batch-mate moves its scores (0.17 for
+            // the earlier bundled model); the bundled config sets `max_batch = 4` for the static
+            // (QDQ) model it ships, whose scores do not move (models/MODEL_CARD.md).
             intra_threads: 1,
             intra_op_spinning: false,
             sessions: 2,

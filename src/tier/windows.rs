@@ -165,6 +165,13 @@ mod tests {
         load_tokenizer(&path, 128, windows).unwrap()
     }
 
+    /// The id of a word that the tokenizer reads as one piece (`password` or `▁password`).
+    fn short_id(t: &Tokenizer, word: &str) -> u32 {
+        let ids = t.encode(word, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids.len(), 1, "{word} is one piece: {ids:?}");
+        ids[0]
+    }
+
     #[test]
     fn prefix_respects_char_boundaries() {
         assert_eq!(prefix("hello", 10), "hello");
@@ -181,12 +188,16 @@ mod tests {
         let text = format!("{benign}Please confirm your password at http://login.example.top today.");
         let e = encode(&t, &text, 128, w).unwrap();
         assert!(e.windows.len() > 1 && !e.unread, "{} windows", e.windows.len());
+        // The model's own start and end tokens (`[CLS]`/`[SEP]` for BERT vocabularies, `<s>`/`</s>` for XLM-R's).
+        let short = t.encode("hello", true).unwrap();
+        let (start, end) = (short.get_ids()[0], *short.get_ids().last().unwrap());
+        assert_ne!(start, end);
         for win in &e.windows {
             let ids = win.get_ids();
             assert!(ids.len() <= 128);
-            assert_eq!((ids[0], *ids.last().unwrap()), (101, 102), "[CLS] ... [SEP] in every window");
+            assert_eq!((ids[0], *ids.last().unwrap()), (start, end), "start ... end token in every window");
         }
-        let password = t.token_to_id("password").unwrap();
+        let password = short_id(&t, "password");
         assert!(e.windows.last().unwrap().get_ids().contains(&password), "the phishing sentence is in the last window");
         assert!(!e.windows[0].get_ids().contains(&password));
         let first: Vec<u32> = e.windows[0].get_ids().to_vec();

@@ -36,7 +36,7 @@ mkdir -p "$OUT"
 DURATION="${E2E_DURATION:-5}"
 WARMUP="${E2E_WARMUP:-1.5}"
 FRACTIONS="${E2E_FRACTIONS:-0.3,0.5,0.7,0.8,0.85,0.9,0.95,1.0,1.1,1.25,1.5}"
-SHIPPED="${E2E_SHIPPED:-tg-off}"  # the settings config/tiergate.toml ships (max_batch = 1)
+SHIPPED="${E2E_SHIPPED:-tg-on}"  # the settings config/tiergate.toml ships (max_batch = 4, a batch-invariant model)
 OVERLOAD="${E2E_OVERLOAD:-$SHIPPED py-1w}"
 DEADLINE_MS=200  # config/tiergate.toml default_deadline_ms
 ONLY="${E2E_ONLY:-tg-off tg-on tg-1x2 tg-1x2-off py-1w py-2w}"

@@ -13,8 +13,8 @@ OL=$(ls -t target/release/deps/openloop-* | grep -v '\.d$' | head -1)
 for par in false true; do
   sed -e "s#^dir = \"../models\"#dir = \"$MODEL\"#" -e "s#^dir = \"../policies\"#dir = \"$POL\"#" \
       -e "s#^dir = \"../data/audit\"#dir = \"$ROOT/$OUT/audit\"#" -e "s#^listen = \"127.0.0.1:8080\"#listen = \"127.0.0.1:$PORT\"#" \
-      -e "s#^max_batch = 1 #max_batch = 4 #" -e "s#^parallel = false#parallel = $par#" config/tiergate.toml > "$OUT/config.toml"
-  grep -q "^parallel = $par" "$OUT/config.toml" || { echo "config/tiergate.toml has no 'parallel = false' line" >&2; exit 1; }
+      -e "0,/^max_batch = [0-9]* /s//max_batch = 4 /" -e "s#^parallel = [a-z]* #parallel = $par #" config/tiergate.toml > "$OUT/config.toml"
+  grep -q "^parallel = $par " "$OUT/config.toml" || { echo "config/tiergate.toml has no 'parallel = ...' line" >&2; exit 1; }
   target/release/tiergate serve --config "$OUT/config.toml" > "$OUT/serve.log" 2>&1 & pid=$!
   trap 'kill $pid 2>/dev/null' EXIT
   for _ in $(seq 1 60); do curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break; sleep 1; done

@@ -7,12 +7,15 @@ use super::conn;
 use super::endpoints;
 use crate::error::ApiError;
 use crate::metrics::ResponseLabels;
+use crate::trace::{attr, Trace};
 use crate::web::{self, boxed, BoxBody, PeerAddr, ServerConfig};
 use http::{header, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,6 +26,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
+use tracing::Instrument;
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests finish for up to `server.shutdown_grace_ms`. Each connection is closed when it has
@@ -161,11 +165,59 @@ fn at_capacity(app: &App) -> Response<BoxBody> {
 /// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
 /// bounds slow-body clients); a request not `admitted` under `max_concurrent_requests` is shed.
 /// The one place the public and admin listeners turn errors into responses, and count them.
-async fn handle(app: &App, req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
-    let response =
-        if admitted { dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response())) } else { at_capacity(app) };
+/// An admitted request other than tiergate's probes gets a trace ([`begin_trace`]): its root
+/// span ends here with the response, which names it in `traceresponse`.
+async fn handle(app: &App, mut req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
+    let response = if admitted {
+        let trace = begin_trace(app, &mut req);
+        let log_span = trace.log_span();
+        let mut response = dispatch(app, req).instrument(log_span).await.unwrap_or_else(|e| boxed(e.into_response()));
+        if let Some(root) = trace.root() {
+            response
+                .headers_mut()
+                .insert(crate::trace::context::TRACERESPONSE, crate::trace::context::traceresponse(root));
+        }
+        trace.respond(response.status());
+        trace.finish();
+        response
+    } else {
+        at_capacity(app)
+    };
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
+}
+
+/// The request's trace, continuing the client's `traceparent` when valid, with the HTTP
+/// server span's attributes; put in the request's extensions for the endpoint or proxy route
+/// that handles it. Probes (`/healthz`, `/readyz`, `/metrics`) are not traced.
+fn begin_trace(app: &App, req: &mut Request<Incoming>) -> Trace {
+    if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
+        return Trace::OFF;
+    }
+    let trace = app.gateway.tracer.begin(req.headers(), SpanKind::Server);
+    if trace.is_on() {
+        let version = match req.version() {
+            http::Version::HTTP_2 => "2",
+            http::Version::HTTP_10 => "1.0",
+            _ => "1.1",
+        };
+        let mut attributes = vec![
+            KeyValue::new(attr::HTTP_REQUEST_METHOD, req.method().to_string()),
+            KeyValue::new(attr::URL_PATH, req.uri().path().to_string()),
+            KeyValue::new(attr::URL_SCHEME, "http"),
+            KeyValue::new(attr::NETWORK_PROTOCOL_VERSION, version),
+        ];
+        if let Some(PeerAddr(peer)) = req.extensions().get::<PeerAddr>() {
+            attributes.push(KeyValue::new(attr::CLIENT_ADDRESS, peer.ip().to_string()));
+        }
+        if let Some(id) = req.headers().get(web::headers::REQUEST_ID).and_then(|v| v.to_str().ok()) {
+            attributes.push(KeyValue::new(attr::REQUEST_ID, id.to_string()));
+        }
+        trace.set(attributes);
+        trace.rename(req.method().to_string());
+        req.extensions_mut().insert(trace.clone());
+    }
+    trace
 }
 
 async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxBody>, ApiError> {

@@ -398,6 +398,32 @@ async fn the_app_behind_a_route_gets_a_child_context_and_an_invalid_one_is_repla
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_ratio_zero_blocked_decisions_are_still_exported() {
+    let collector = Collector::start();
+    let app = app::start();
+    let mut c = traced(&repo().join("policies"), &collector.url(), &app);
+    c.tracing.sampling_ratio = 0.0;
+    let addr = common::start(c);
+    let trace_of =
+        |r: &common::Reply| r.headers["traceresponse"].to_str().unwrap().split('-').nth(1).unwrap().to_string();
+    let allowed = common::classify(addr, json!({"text": common::BENIGN})).await;
+    assert_eq!(allowed.json()["action"], "allow");
+    let blocked = common::classify(addr, json!({"text": common::PHISHING})).await;
+    assert_eq!(blocked.json()["action"], "block");
+    let spans = collector.trace(&trace_of(&blocked), 2).await;
+    let root = spans.iter().find(|s| s.span.name == "POST /v1/classify").unwrap();
+    assert_eq!(root.attr("tiergate.trace.kept").as_deref(), Some("blocked"));
+    assert_eq!(root.attr("tiergate.action").as_deref(), Some("block"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let unsampled = trace_of(&allowed);
+    assert!(
+        collector.spans.lock().unwrap().iter().all(|s| s.trace_id() != unsampled),
+        "an allowed decision at ratio 0 is not exported"
+    );
+    assert!(allowed.headers["traceresponse"].to_str().unwrap().ends_with("-00"), "not sampled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_exporter_down_no_request_fails_and_drops_are_counted() {
     let dead = format!("{}/v1/traces", common::proxy::dead_address());
     let app = app::start();

@@ -161,10 +161,14 @@ impl Trace {
         i.lock().spans.push(data);
     }
 
-    /// Adds attributes to the root span.
+    /// Sets attributes of the root span (a key set again takes the new value).
     pub fn set(&self, attributes: impl IntoIterator<Item = KeyValue>) {
         if let Some(i) = &self.inner {
-            i.lock().attributes.extend(attributes);
+            let mut state = i.lock();
+            for kv in attributes {
+                state.attributes.retain(|old| old.key != kv.key);
+                state.attributes.push(kv);
+            }
         }
     }
 

@@ -257,6 +257,33 @@ fn render(spans: &[Got]) -> String {
     out
 }
 
+/// The cascade test's tree: the root's HTTP attributes and decision, every stage a child of it
+/// inside its time, and what each tier span says.
+fn check_cascade_tree(named: &BTreeMap<String, Got>, d: &serde_json::Value, relay: &Relay) {
+    let root = &named["POST /v1/classify"];
+    assert_eq!(root.attr("tiergate.tier").as_deref(), d["tier"].as_str());
+    assert_eq!(root.attr("tiergate.action").as_deref(), d["action"].as_str());
+    assert_eq!(root.attr("tiergate.policy_version").as_deref(), d["policy_version"].as_str());
+    assert_eq!(root.attr("http.request.method").as_deref(), Some("POST"));
+    assert_eq!(root.attr("http.route").as_deref(), Some("/v1/classify"));
+    assert_eq!(root.attr("http.response.status_code").as_deref(), Some("200"));
+    for stage in ["admission", "canonical", "tier cpu", "tier gpu", "rules", "guards", "record"] {
+        let s = named.get(stage).unwrap_or_else(|| panic!("no `{stage}` span"));
+        assert_eq!(s.parent(), root.id(), "{stage} is a child of the root");
+        assert!(s.span.start_time_unix_nano >= root.span.start_time_unix_nano);
+        assert!(s.span.end_time_unix_nano <= root.span.end_time_unix_nano, "{stage} ends inside the root");
+    }
+    let cpu = &named["tier cpu"];
+    assert_eq!(cpu.attr("tiergate.outcome").as_deref(), Some("low_confidence"));
+    assert!(cpu.attr("tiergate.risk_score").is_some() && cpu.attr("tiergate.latency_us").is_some());
+    let gpu = &named["tier gpu"];
+    assert_eq!(gpu.attr("tiergate.tier").as_deref(), Some("gpu"));
+    assert_eq!(gpu.attr("tiergate.endpoint"), Some(relay.url()));
+    assert_eq!(gpu.attr("tiergate.outcome").as_deref(), Some("low_confidence"));
+    assert_eq!(named["rules"].attr("tiergate.tier").as_deref(), Some("rules"));
+    assert!(named["canonical"].attr("tiergate.language").is_some());
+}
+
 /// Spans by name (one each expected).
 fn by_name(spans: &[Got]) -> BTreeMap<String, Got> {
     spans.iter().map(|s| (s.span.name.clone(), s.clone())).collect()
@@ -306,32 +333,12 @@ async fn a_cpu_gpu_rules_decision_is_one_span_tree_under_the_clients_span() {
     eprintln!("{}", render(&spans));
     let named = by_name(&spans);
     let root = &named["POST /v1/classify"];
+    check_cascade_tree(&named, &d, &relay);
     assert_eq!(root.parent(), CLIENT_SPAN, "the root continues the client's span");
     assert_eq!(traceresponse, format!("00-{TRACE}-{}-01", root.id()));
     assert_eq!(root.span.trace_state, "vendor=abc");
     assert_eq!(root.service, "tiergate-test");
     assert_eq!(root.attr("tiergate.request_id").as_deref(), Some("trace-cascade-1"));
-    assert_eq!(root.attr("tiergate.tier").as_deref(), d["tier"].as_str());
-    assert_eq!(root.attr("tiergate.action").as_deref(), d["action"].as_str());
-    assert_eq!(root.attr("tiergate.policy_version").as_deref(), d["policy_version"].as_str());
-    assert_eq!(root.attr("http.request.method").as_deref(), Some("POST"));
-    assert_eq!(root.attr("http.route").as_deref(), Some("/v1/classify"));
-    assert_eq!(root.attr("http.response.status_code").as_deref(), Some("200"));
-    for stage in ["admission", "canonical", "tier cpu", "tier gpu", "rules", "guards", "record"] {
-        let s = named.get(stage).unwrap_or_else(|| panic!("no `{stage}` span"));
-        assert_eq!(s.parent(), root.id(), "{stage} is a child of the root");
-        assert!(s.span.start_time_unix_nano >= root.span.start_time_unix_nano);
-        assert!(s.span.end_time_unix_nano <= root.span.end_time_unix_nano, "{stage} ends inside the root");
-    }
-    let cpu = &named["tier cpu"];
-    assert_eq!(cpu.attr("tiergate.outcome").as_deref(), Some("low_confidence"));
-    assert!(cpu.attr("tiergate.risk_score").is_some() && cpu.attr("tiergate.latency_us").is_some());
-    let gpu = &named["tier gpu"];
-    assert_eq!(gpu.attr("tiergate.tier").as_deref(), Some("gpu"));
-    assert_eq!(gpu.attr("tiergate.endpoint"), Some(relay.url()));
-    assert_eq!(gpu.attr("tiergate.outcome").as_deref(), Some("low_confidence"));
-    assert_eq!(named["rules"].attr("tiergate.tier").as_deref(), Some("rules"));
-    assert!(named["canonical"].attr("tiergate.language").is_some());
     // No message text anywhere in the export.
     for s in &spans {
         for kv in &s.span.attributes {
@@ -342,7 +349,7 @@ async fn a_cpu_gpu_rules_decision_is_one_span_tree_under_the_clients_span() {
     // The model server received the gpu span's context: its spans join the trace there.
     let sent = relay.seen.lock().unwrap().clone();
     let parent = sent.last().expect("the relay saw the model call")["traceparent"].to_str().unwrap().to_string();
-    assert_eq!(parent, format!("00-{TRACE}-{}-01", gpu.id()));
+    assert_eq!(parent, format!("00-{TRACE}-{}-01", named["tier gpu"].id()));
     assert_eq!(collector.content_types.lock().unwrap()[0], "application/x-protobuf");
 }
 

@@ -251,7 +251,11 @@ impl Gateway {
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
         let assessed_at = std::time::SystemTime::now();
         let assessment = self.assess(&policy, &req, &snapshot);
-        let canonical_span = (assessed_at, std::time::SystemTime::now(), assessment.complexity.score);
+        let canonical_span = trace::Canonical {
+            start: assessed_at,
+            end: std::time::SystemTime::now(),
+            complexity: assessment.complexity.score,
+        };
         let canonical = Arc::clone(&assessment.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
@@ -269,17 +273,7 @@ impl Gateway {
             lang: lang.get().code,
             trace_id: trace.trace_id(),
         };
-        if trace.is_on() {
-            let (start, end, complexity) = canonical_span;
-            let chars = req.text.chars().count() as i64;
-            let attributes = vec![
-                KeyValue::new(crate::trace::attr::LANGUAGE, lang.get().code),
-                KeyValue::new(crate::trace::attr::TEXT_CHARS, chars),
-                KeyValue::new(crate::trace::attr::COMPLEXITY, complexity),
-            ];
-            trace.record("canonical", start, end, attributes);
-            trace::decided(&trace, &decision, req.deadline);
-        }
+        trace::decided(&trace, &decision, req.deadline, canonical_span);
         if let Some(drift) = &self.drift {
             drift.observe(&decision, &req.text, &lang);
         }

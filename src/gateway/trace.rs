@@ -7,7 +7,7 @@ use crate::action::Action;
 use crate::decision::{Decision, Outcome, Step, TierName};
 use crate::trace::{attr, Span, Trace};
 use opentelemetry::KeyValue;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Ends a model tier's span (`tier cpu`, `tier gpu`) with what the path says of it: the first
 /// of `steps` (those the stage pushed) that is this tier's. A failed or timed-out tier's span
@@ -70,14 +70,28 @@ pub(super) fn guard_attributes(d: &Decision, before: usize) -> Vec<KeyValue> {
     a
 }
 
-/// The decision on the root span (`tiergate.request_id`, `policy_version`, `action`, `tier`),
-/// and the tail decision: a blocked decision, one a tier errored in, or one past its
-/// `deadline` (a stage timed out or was doomed, or it took longer) is exported whatever the
-/// ratio.
-pub(super) fn decided(trace: &Trace, d: &Decision, deadline: Duration) {
+/// When the canonical text was made (before the cascade) and the complexity it was rated at;
+/// its span is recorded once the language is known (the cpu worker or the guards detect it).
+pub(super) struct Canonical {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub complexity: f64,
+}
+
+/// The `canonical` span (language, text length in characters, complexity), the decision on the
+/// root span (`tiergate.request_id`, `policy_version`, `action`, `tier`), and the tail decision:
+/// a blocked decision, one a tier errored in, or one past its `deadline` (a stage timed out or
+/// was doomed, or it took longer) is exported whatever the ratio.
+pub(super) fn decided(trace: &Trace, d: &Decision, deadline: Duration, canonical: Canonical) {
     if !trace.is_on() {
         return;
     }
+    let attributes = vec![
+        KeyValue::new(attr::LANGUAGE, d.subject.lang),
+        KeyValue::new(attr::TEXT_CHARS, d.subject.text.chars().count() as i64),
+        KeyValue::new(attr::COMPLEXITY, canonical.complexity),
+    ];
+    trace.record("canonical", canonical.start, canonical.end, attributes);
     trace.set([
         KeyValue::new(attr::REQUEST_ID, d.request_id.clone()),
         KeyValue::new(attr::POLICY_VERSION, d.policy_version.clone()),

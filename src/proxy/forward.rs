@@ -104,10 +104,7 @@ impl Proxy {
             tried = Some(pick.index);
             let app = &route.apps[pick.index];
             let body = body.take().unwrap_or_else(|| replayable.clone().map(full).unwrap_or_else(empty));
-            let mut request = app_request(route, &parts, app, original_host.clone(), body);
-            if let Some(cx) = context {
-                crate::trace::context::inject(cx, request.headers_mut());
-            }
+            let request = app_request(route, &parts, app, original_host.clone(), body, context);
             let sent = Instant::now();
             match self.attempt(route, request).await {
                 Attempt::Answered(response) => {
@@ -257,14 +254,15 @@ impl Proxy {
     }
 }
 
-/// The request for one app address: its scheme and authority, the client's path and query, and
-/// `Host` as the route says.
+/// The request for one app address: its scheme and authority, the client's path and query,
+/// `Host` as the route says, and the trace `context` (tiergate's client span) when traced.
 fn app_request(
     route: &Route,
     parts: &http::request::Parts,
     app: &AppAddr,
     original_host: Option<HeaderValue>,
     body: BoxBody,
+    context: Option<&SpanContext>,
 ) -> Request<BoxBody> {
     let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut request = Request::from_parts(parts.clone(), body);
@@ -280,6 +278,9 @@ fn app_request(
     };
     if let Some(host) = host {
         request.headers_mut().insert(header::HOST, host);
+    }
+    if let Some(cx) = context {
+        crate::trace::context::inject(cx, request.headers_mut());
     }
     request
 }

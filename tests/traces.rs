@@ -405,11 +405,14 @@ async fn the_app_behind_a_route_gets_a_child_context_and_an_invalid_one_is_repla
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_ratio_zero_blocked_decisions_are_still_exported() {
+async fn at_ratio_zero_blocked_decisions_are_still_exported_and_audited_with_their_trace_id() {
     let collector = Collector::start();
     let app = app::start();
     let mut c = traced(&repo().join("policies"), &collector.url(), &app);
     c.tracing.sampling_ratio = 0.0;
+    let audit = std::env::temp_dir().join(format!("tiergate-traces-audit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&audit);
+    c.audit = Some(tiergate::audit::AuditConfig { dir: audit.clone(), ..Default::default() });
     let addr = common::start(c);
     let trace_of =
         |r: &common::Reply| r.headers["traceresponse"].to_str().unwrap().split('-').nth(1).unwrap().to_string();
@@ -428,6 +431,32 @@ async fn at_ratio_zero_blocked_decisions_are_still_exported() {
         "an allowed decision at ratio 0 is not exported"
     );
     assert!(allowed.headers["traceresponse"].to_str().unwrap().ends_with("-00"), "not sampled");
+    // The audit record leads to the trace, sampled or not.
+    for reply in [&blocked, &allowed] {
+        let record = audited(&audit, reply.json()["request_id"].as_str().unwrap()).await;
+        assert_eq!(record.trace_id, Some(trace_of(reply)));
+    }
+}
+
+/// The audit record of `request_id`, once the writer has committed it (waits up to 10 s).
+async fn audited(dir: &std::path::Path, request_id: &str) -> tiergate::audit::AuditRecord {
+    use tiergate::audit::query::{self, Filter};
+    for _ in 0..500 {
+        if let Ok(conn) = tiergate::audit::store::Store::open_read_only(dir) {
+            let mut found = Vec::new();
+            let filter = Filter { request_id: Some(request_id.into()), ..Filter::default() };
+            query::for_each(&conn, &filter, |json| {
+                found.push(serde_json::from_str(json)?);
+                Ok(())
+            })
+            .unwrap();
+            if let Some(record) = found.pop() {
+                return record;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no audit record for {request_id}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

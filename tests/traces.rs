@@ -460,6 +460,33 @@ async fn audited(dir: &std::path::Path, request_id: &str) -> tiergate::audit::Au
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_written_for_a_request_name_its_trace() {
+    let dir = std::env::temp_dir().join(format!("tiergate-traces-log-{}", std::process::id()));
+    let dead = common::proxy::dead_address();
+    let extra = format!(
+        "[tracing]\nenabled = true\nendpoint = \"{dead}/v1/traces\"\n{}",
+        routes::route("dead", "/dead", &dead)
+    );
+    let sidecar = common::Sidecar::serve_in(&dir, &repo().join("policies"), &extra);
+    let r = common::send(sidecar.public, "GET", "/dead/x", &[("traceparent", &traceparent("01"))], "").await;
+    assert_eq!(r.status, 502);
+    let span = r.headers["traceresponse"].to_str().unwrap().split('-').nth(2).unwrap().to_string();
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = sidecar.log_text();
+        if log.contains("response failed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ids = format!("trace_id={TRACE} span_id={span}");
+    for line in ["app request failed", "response failed"] {
+        let found = log.lines().find(|l| l.contains(line)).unwrap_or_else(|| panic!("no {line:?} in:\n{log}"));
+        assert!(found.contains(&ids), "{found}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_exporter_down_no_request_fails_and_drops_are_counted() {
     let dead = format!("{}/v1/traces", common::proxy::dead_address());
     let app = app::start();

@@ -26,7 +26,6 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use tracing::Instrument;
 
 /// Serves `listener` until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests finish for up to `server.shutdown_grace_ms`. Each connection is closed when it has
@@ -130,11 +129,16 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, p
             }
         })
     };
+    let app = Arc::clone(&shared.app);
     let service = ServiceBuilder::new()
         .map_request(web::headers::drop_unusable_request_id)
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
+        .map_request(move |mut req: Request<Incoming>| {
+            begin_trace(&app, &mut req);
+            req
+        })
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .service(handler);
     let connection =
         shared.builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
@@ -165,13 +169,12 @@ fn at_capacity(app: &App) -> Response<BoxBody> {
 /// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
 /// bounds slow-body clients); a request not `admitted` under `max_concurrent_requests` is shed.
 /// The one place the public and admin listeners turn errors into responses, and count them.
-/// An admitted request other than tiergate's probes gets a trace ([`begin_trace`]): its root
-/// span ends here with the response, which names it in `traceresponse`.
-async fn handle(app: &App, mut req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
+/// An admitted request's trace ([`begin_trace`]) ends here with the response, which names it
+/// in `traceresponse`; a shed request's is dropped unexported.
+async fn handle(app: &App, req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
     let response = if admitted {
-        let trace = begin_trace(app, &mut req);
-        let log_span = trace.log_span();
-        let mut response = dispatch(app, req).instrument(log_span).await.unwrap_or_else(|e| boxed(e.into_response()));
+        let trace = req.extensions().get::<Trace>().cloned().unwrap_or_default();
+        let mut response = dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response()));
         if let Some(root) = trace.root() {
             response
                 .headers_mut()
@@ -187,12 +190,25 @@ async fn handle(app: &App, mut req: Request<Incoming>, admitted: bool) -> Respon
     response
 }
 
-/// The request's trace, continuing the client's `traceparent` when valid, with the HTTP
-/// server span's attributes; put in the request's extensions for the endpoint or proxy route
-/// that handles it. Probes (`/healthz`, `/readyz`, `/metrics`) are not traced.
-fn begin_trace(app: &App, req: &mut Request<Incoming>) -> Trace {
+/// The log span of a request (tower-http's `TraceLayer`): with a trace, at INFO level with its
+/// `trace_id` and `span_id` (the root span), so that every log line written while the request
+/// is handled, tower-http's own included, leads to its trace; else tower-http's default.
+fn request_span(req: &Request<Incoming>) -> tracing::Span {
+    match req.extensions().get::<Trace>().and_then(Trace::root) {
+        Some(sc) => {
+            tracing::info_span!("request", method = %req.method(), trace_id = %sc.trace_id(), span_id = %sc.span_id())
+        }
+        None => tower_http::trace::MakeSpan::make_span(&mut tower_http::trace::DefaultMakeSpan::new(), req),
+    }
+}
+
+/// Begins the request's trace, continuing the client's `traceparent` when valid, with the HTTP
+/// server span's attributes, in the request's extensions for the log span, [`handle`] and the
+/// endpoint or proxy route that serves it. Probes (`/healthz`, `/readyz`, `/metrics`) are not
+/// traced.
+fn begin_trace(app: &App, req: &mut Request<Incoming>) {
     if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
-        return Trace::OFF;
+        return;
     }
     let trace = app.gateway.tracer.begin(req.headers(), SpanKind::Server);
     if trace.is_on() {
@@ -215,9 +231,8 @@ fn begin_trace(app: &App, req: &mut Request<Incoming>) -> Trace {
         }
         trace.set(attributes);
         trace.rename(req.method().to_string());
-        req.extensions_mut().insert(trace.clone());
+        req.extensions_mut().insert(trace);
     }
-    trace
 }
 
 async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxBody>, ApiError> {

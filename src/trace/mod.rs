@@ -212,15 +212,6 @@ impl Trace {
         }
     }
 
-    /// A `tracing` span whose fields are this trace's ids, so that every log line written
-    /// inside it names its trace (`trace_id`, `span_id`: the root span); disabled when off.
-    pub fn log_span(&self) -> tracing::Span {
-        match self.root() {
-            None => tracing::Span::none(),
-            Some(sc) => tracing::info_span!("trace", trace_id = %sc.trace_id(), span_id = %sc.span_id()),
-        }
-    }
-
     /// Ends the root span now and hands the trace to the export queue when it is sampled or
     /// kept; otherwise drops it. Later calls do nothing.
     pub fn finish(&self) {

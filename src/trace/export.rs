@@ -4,6 +4,7 @@
 
 use super::client::HyperClient;
 use super::{context, Inner, State, Trace, TracingConfig};
+use futures_util::FutureExt;
 use http::HeaderMap;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags};
 use opentelemetry::{Context, InstrumentationScope};
@@ -19,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 /// Why spans were dropped.
@@ -66,6 +67,8 @@ pub(super) struct Shared {
     ids: RandomIdGenerator,
     pub(super) scope: InstrumentationScope,
     queue: mpsc::Sender<SpanData>,
+    /// Asks the export task to export what is queued and stop ([`Tracer::shutdown`]).
+    flush: mpsc::Sender<oneshot::Sender<()>>,
     metrics: TraceMetrics,
 }
 
@@ -111,22 +114,38 @@ impl Tracer {
             .build()?;
         exporter.set_resource(&Resource::builder().with_service_name(config.service_name.clone()).build());
         let (queue, rx) = mpsc::channel(config.max_queue_size);
+        let (flush, flush_rx) = mpsc::channel(1);
         let batch = Batch {
             size: config.max_export_batch_size,
             delay: Duration::from_millis(config.scheduled_delay_ms),
             timeout,
             endpoint: config.endpoint.clone(),
         };
-        tokio::spawn(export_loop(rx, exporter, batch, metrics.clone()));
+        tokio::spawn(export_loop(rx, flush_rx, exporter, batch, metrics.clone()));
         let shared = Shared {
             sampler: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling_ratio))),
             ids: RandomIdGenerator::default(),
             scope: InstrumentationScope::builder("tiergate").with_version(env!("CARGO_PKG_VERSION")).build(),
             queue,
+            flush,
             metrics,
         };
         tracing::info!(endpoint = %config.endpoint, ratio = config.sampling_ratio, "exporting traces over OTLP/HTTP");
         Ok(Tracer { shared: Some(Arc::new(shared)) })
+    }
+
+    /// At shutdown, once the listeners are drained: exports what is queued and stops the export
+    /// task, waiting at most `within`. Spans finished later are dropped (counted as
+    /// `queue_full`).
+    pub async fn shutdown(&self, within: Duration) {
+        let Some(shared) = &self.shared else { return };
+        let (done, finished) = oneshot::channel();
+        if shared.flush.try_send(done).is_ok() && tokio::time::timeout(within, finished).await.is_err() {
+            tracing::warn!(
+                within_ms = within.as_millis() as u64,
+                "queued trace spans not exported in time at shutdown"
+            );
+        }
     }
 
     /// Whether traces are made.
@@ -171,46 +190,79 @@ struct Batch {
 }
 
 /// Takes spans off the queue in batches of up to `size`, waiting at most `delay` for a batch
-/// to fill, and exports each; a failed or late export drops its spans (counted, and logged at
-/// most once a minute). Ends when every sender is gone.
+/// to fill, and exports each. Ends when every sender is gone, or on a flush request (sent by
+/// [`Tracer::shutdown`]): then what is queued is exported and the request answered.
 async fn export_loop(
     mut rx: mpsc::Receiver<SpanData>,
+    mut flush: mpsc::Receiver<oneshot::Sender<()>>,
     exporter: opentelemetry_otlp::SpanExporter,
     batch: Batch,
     metrics: TraceMetrics,
 ) {
-    let mut buf = Vec::with_capacity(batch.size);
-    let mut warned: Option<Instant> = None;
-    loop {
-        if rx.recv_many(&mut buf, batch.size).await == 0 {
+    let mut out = Export { exporter, batch, metrics, warned: None };
+    let size = out.batch.size;
+    let mut buf = Vec::with_capacity(size);
+    // `Some` once a flush was asked for (with whom to answer).
+    let mut stopping: Option<Option<oneshot::Sender<()>>> = None;
+    while stopping.is_none() {
+        tokio::select! {
+            received = rx.recv_many(&mut buf, size) => if received == 0 { return },
+            done = flush.recv() => stopping = Some(done),
+        }
+        let until = Instant::now() + out.batch.delay;
+        while stopping.is_none() && buf.len() < size {
+            let room = size - buf.len();
+            tokio::select! {
+                received = tokio::time::timeout_at(until, rx.recv_many(&mut buf, room)) => match received {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                },
+                done = flush.recv() => stopping = Some(done),
+            }
+        }
+        out.export(std::mem::take(&mut buf)).await;
+    }
+    while rx.recv_many(&mut buf, size).now_or_never().unwrap_or(0) > 0 {
+        out.export(std::mem::take(&mut buf)).await;
+    }
+    if let Some(Some(done)) = stopping {
+        let _ = done.send(());
+    }
+}
+
+/// The exporter and what an export counts.
+struct Export {
+    exporter: opentelemetry_otlp::SpanExporter,
+    batch: Batch,
+    metrics: TraceMetrics,
+    /// When a failed export was last logged.
+    warned: Option<Instant>,
+}
+
+impl Export {
+    /// Exports one batch within the export timeout; a refused, failed or late export drops its
+    /// spans (counted, and logged at most once a minute).
+    async fn export(&mut self, spans: Vec<SpanData>) {
+        let n = spans.len();
+        if n == 0 {
             return;
         }
-        let until = Instant::now() + batch.delay;
-        while buf.len() < batch.size {
-            let room = batch.size - buf.len();
-            match tokio::time::timeout_at(until, rx.recv_many(&mut buf, room)).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        let n = buf.len();
-        metrics.queued.dec_by(n as i64);
-        let error = match tokio::time::timeout(batch.timeout, exporter.export(std::mem::take(&mut buf))).await {
+        self.metrics.queued.dec_by(n as i64);
+        let timeout = self.batch.timeout;
+        let error = match tokio::time::timeout(timeout, self.exporter.export(spans)).await {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer within {} ms", batch.timeout.as_millis())),
+            Err(_) => Some(format!("no answer within {} ms", timeout.as_millis())),
         };
-        match error {
-            None => {
-                metrics.exported.inc_by(n as u64);
-            }
-            Some(error) => {
-                metrics.drop("export_failed", n);
-                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-                    warned = Some(Instant::now());
-                    tracing::warn!(endpoint = %batch.endpoint, spans = n, %error, "trace export failed; spans dropped (counted in tiergate_trace_spans_dropped_total)");
-                }
-            }
+        let Some(error) = error else {
+            self.metrics.exported.inc_by(n as u64);
+            return;
+        };
+        self.metrics.drop("export_failed", n);
+        if self.warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            self.warned = Some(Instant::now());
+            let endpoint = &self.batch.endpoint;
+            tracing::warn!(%endpoint, spans = n, %error, "trace export failed; spans dropped (counted in tiergate_trace_spans_dropped_total)");
         }
     }
 }

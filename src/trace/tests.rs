@@ -184,3 +184,21 @@ fn config_checks_name_the_key() {
     let off = TracingConfig { endpoint: "nonsense".into(), ..TracingConfig::default() };
     assert!(off.check().is_ok(), "an unused endpoint is not checked");
 }
+
+#[test]
+fn shutdown_exports_what_is_queued_without_waiting_for_the_batch_delay() {
+    on_current_thread_runtime(async {
+        let metrics = TraceMetrics::default();
+        // Batches wait 60 s to fill: only the flush can send these before then.
+        let tracer = Tracer::start(&config(1.0, 64), metrics.clone()).unwrap();
+        tracer.begin(&HeaderMap::new(), SpanKind::Server).finish();
+        tokio::task::yield_now().await;
+        tracer.begin(&HeaderMap::new(), SpanKind::Server).finish();
+        let started = std::time::Instant::now();
+        tracer.shutdown(std::time::Duration::from_secs(10)).await;
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Nothing listens at the endpoint: both exports were tried, and failed.
+        assert_eq!((dropped(&metrics, "export_failed"), metrics.queued.get()), (2, 0));
+    })
+    .unwrap();
+}

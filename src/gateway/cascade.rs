@@ -251,7 +251,7 @@ pub async fn run(
             || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
     let (span, before) = (tiers.trace().start("guards"), decision.path.len());
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
-    tiers.trace().end(span, super::trace::guard_attributes(&decision, before), None);
+    tiers.trace().end(span, || super::trace::guard_attributes(&decision, before), None);
     let explain = x.req.explain.then(|| Explain {
         complexity: run.assessment.complexity,
         stats: run.assessment.stats,
@@ -441,7 +441,7 @@ impl Run<'_> {
         if verdict.rule.is_none() {
             step.reason = Some("no rule matched; policy default applies".into());
         }
-        tiers.trace().end(span, super::trace::step_attributes(&step), None);
+        tiers.trace().end(span, || super::trace::step_attributes(&step), None);
         self.path.push(step);
         let mut d = decision(TierName::Rules, verdict.risk_score, None, verdict.action, std::mem::take(&mut self.path));
         d.rule = verdict.rule;

@@ -230,7 +230,7 @@ impl Gateway {
         let trace = req.trace.clone();
         let span = trace.start("admission");
         let admitted = self.admit(&req).await;
-        trace.end(span, admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
+        trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
         let identity = admitted?;
         let mut snapshot = self.snapshot(started, &policy);
         snapshot.tenant = tenant_load(&identity);

@@ -17,12 +17,12 @@ pub(super) fn end_tier(trace: &Trace, span: Span, tier: TierName, steps: &[Step]
         return;
     }
     let Some(step) = steps.iter().find(|s| s.tier == tier) else {
-        trace.end(span, vec![KeyValue::new(attr::TIER, tier.as_str())], None);
+        trace.end(span, || vec![KeyValue::new(attr::TIER, tier.as_str())], None);
         return;
     };
     let failed = matches!(step.outcome, Outcome::Error | Outcome::Timeout | Outcome::Doomed | Outcome::Unavailable);
     let error = failed.then(|| step.reason.clone().unwrap_or_else(|| step.outcome.as_str().into()));
-    trace.end(span, step_attributes(step), error);
+    trace.end(span, || step_attributes(step), error);
 }
 
 /// A step's attributes: tier, outcome, reason, calibrated scores, window, endpoint, rule, latency.

@@ -88,7 +88,8 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     let decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
     let span = trace.start("record");
     let recorded = app.gateway.record(Event::Decided { kind: Kind::Classify, decision: &decision }, None);
-    trace.end(span, vec![KeyValue::new(attr::AUDITED, app.gateway.audit.is_some() && recorded.is_ok())], None);
+    let audited = app.gateway.audit.is_some() && recorded.is_ok();
+    trace.end(span, || vec![KeyValue::new(attr::AUDITED, audited)], None);
     recorded?;
     Ok(json_response(StatusCode::OK, &decision))
 }

@@ -68,7 +68,7 @@ impl Proxy {
                 Some(e.to_string())
             }
         };
-        trace.end(span, attributes, error);
+        trace.end(span, || attributes, error);
         result
     }
 

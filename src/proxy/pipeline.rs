@@ -83,7 +83,7 @@ where
     let unscreened = outcome.as_ref().err().filter(|e| fails_open && e.may_fail_open()).map(ApiError::to_string);
     let span = trace.start("record");
     let recorded = record(door, request_id, &outcome, unscreened.as_deref());
-    trace.end(span, vec![KeyValue::new(attr::AUDITED, door.port.audits() && recorded.is_ok())], None);
+    trace.end(span, || vec![KeyValue::new(attr::AUDITED, door.port.audits() && recorded.is_ok())], None);
     recorded?;
     let screening = dispose(door, outcome, unscreened)?;
     Ok((screening, outgoing))

@@ -111,8 +111,10 @@ impl Trace {
     }
 
     fn start_kind(&self, name: &'static str, kind: SpanKind) -> Span {
-        let id = self.inner.as_ref().map_or(SpanId::INVALID, |i| i.shared.new_span_id());
-        Span { id, name, kind, start: SystemTime::now() }
+        match &self.inner {
+            None => Span { id: SpanId::INVALID, name, kind, start: SystemTime::UNIX_EPOCH },
+            Some(i) => Span { id: i.shared.new_span_id(), name, kind, start: SystemTime::now() },
+        }
     }
 
     /// `span`'s context, to send on the request it makes (invalid when off: nothing is sent).
@@ -136,11 +138,13 @@ impl Trace {
         }
     }
 
-    /// Ends `span` now with `attributes`; `error`: its status is an error with this message.
-    pub fn end(&self, span: Span, attributes: Vec<KeyValue>, error: Option<String>) {
+    /// Ends `span` now with the attributes `attributes` makes (called only when traced, so an
+    /// untraced request builds none); `error`: its status is an error with this message.
+    pub fn end(&self, span: Span, attributes: impl FnOnce() -> Vec<KeyValue>, error: Option<String>) {
         let Some(i) = &self.inner else { return };
         let status = error.map_or(Status::Unset, Status::error);
-        let data = i.span_data(span.id, i.root.span_id(), span.name.into(), span.kind, span.start, attributes, status);
+        let data =
+            i.span_data(span.id, i.root.span_id(), span.name.into(), span.kind, span.start, attributes(), status);
         i.lock().spans.push(data);
     }
 

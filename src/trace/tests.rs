@@ -79,7 +79,7 @@ fn off_records_nothing() {
     assert!(!trace.is_on() && trace.trace_id().is_none());
     let span = trace.start("x");
     assert!(!trace.context_of(&span).is_valid());
-    trace.end(span, vec![], None);
+    trace.end(span, Vec::new, None);
     trace.finish();
 }
 
@@ -96,7 +96,7 @@ fn sampled_parent_decides_and_unsampled_traces_are_kept_only_when_marked() {
         let child = t.context_of(&span);
         assert_eq!((child.trace_id(), child.is_sampled()), (t.root().unwrap().trace_id(), true));
         assert_ne!(child.span_id(), t.root().unwrap().span_id());
-        t.end(span, vec![], None);
+        t.end(span, Vec::new, None);
         t.finish();
         assert_eq!(metrics.queued.get(), 2, "root and one stage");
         t.finish();
@@ -143,7 +143,7 @@ fn a_full_queue_drops_and_counts_without_waiting() {
         let t = tracer.begin(&HeaderMap::new(), SpanKind::Server);
         for name in ["a", "b", "c", "d"] {
             let span = t.start(name);
-            t.end(span, vec![], None);
+            t.end(span, Vec::new, None);
         }
         // No await since start: the export task has not run, the queue holds 2 of 5.
         t.finish();

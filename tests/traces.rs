@@ -265,6 +265,7 @@ fn check_cascade_tree(named: &BTreeMap<String, Got>, d: &serde_json::Value, rela
     assert_eq!(root.attr("tiergate.action").as_deref(), d["action"].as_str());
     assert_eq!(root.attr("tiergate.policy_version").as_deref(), d["policy_version"].as_str());
     assert_eq!(root.attr("http.request.method").as_deref(), Some("POST"));
+    assert_eq!(root.attr("client.address").as_deref(), Some("127.0.0.1"));
     assert_eq!(root.attr("http.route").as_deref(), Some("/v1/classify"));
     assert_eq!(root.attr("http.response.status_code").as_deref(), Some("200"));
     for stage in ["admission", "canonical", "tier cpu", "tier gpu", "rules", "guards", "record"] {

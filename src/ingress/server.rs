@@ -135,7 +135,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, p
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(PropagateRequestIdLayer::x_request_id())
         .map_request(move |mut req: Request<Incoming>| {
-            begin_trace(&app, &mut req);
+            begin_trace(&app, &mut req, peer);
             req
         })
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
@@ -206,7 +206,7 @@ fn request_span(req: &Request<Incoming>) -> tracing::Span {
 /// server span's attributes, in the request's extensions for the log span, [`handle`] and the
 /// endpoint or proxy route that serves it. Probes (`/healthz`, `/readyz`, `/metrics`) are not
 /// traced.
-fn begin_trace(app: &App, req: &mut Request<Incoming>) {
+fn begin_trace(app: &App, req: &mut Request<Incoming>, peer: SocketAddr) {
     if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
         return;
     }
@@ -222,10 +222,8 @@ fn begin_trace(app: &App, req: &mut Request<Incoming>) {
             KeyValue::new(attr::URL_PATH, req.uri().path().to_string()),
             KeyValue::new(attr::URL_SCHEME, "http"),
             KeyValue::new(attr::NETWORK_PROTOCOL_VERSION, version),
+            KeyValue::new(attr::CLIENT_ADDRESS, peer.ip().to_string()),
         ];
-        if let Some(PeerAddr(peer)) = req.extensions().get::<PeerAddr>() {
-            attributes.push(KeyValue::new(attr::CLIENT_ADDRESS, peer.ip().to_string()));
-        }
         if let Some(id) = req.headers().get(web::headers::REQUEST_ID).and_then(|v| v.to_str().ok()) {
             attributes.push(KeyValue::new(attr::REQUEST_ID, id.to_string()));
         }

@@ -520,3 +520,36 @@ async fn with_the_exporter_down_no_request_fails_and_drops_are_counted() {
     assert!(dropped >= 1.0, "{dropped}");
     assert!(metrics.contains("tiergate_trace_spans_exported_total 0"), "nothing was exported");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tower_layer_screens_in_a_trace_under_the_requests_traceparent() {
+    use tower::ServiceExt;
+    let collector = Collector::start();
+    let app = app::start();
+    let config = traced(&repo().join("policies"), &collector.url(), &app);
+    let gateway = tiergate::Gateway::start(&config.gateway(), Sources::default()).expect("gateway starts");
+    let screen: tiergate::proxy::config::ScreenConfig = toml::from_str(r#"text = ["header:x-text"]"#).unwrap();
+    let layer =
+        tiergate::proxy::layer::TierGateLayer::new(Arc::clone(&gateway), config.server.clone(), "inproc", &screen)
+            .unwrap();
+    let service = tower::ServiceBuilder::new().layer(layer).service(tower::service_fn(
+        |_: Request<tiergate::web::BoxBody>| async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::new()))) },
+    ));
+    let request = Request::get("/")
+        .header("x-text", common::PHISHING)
+        .header("traceparent", traceparent("00"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 403);
+    // Unsampled by the client, exported because blocked.
+    let spans = collector.trace(TRACE, 4).await;
+    let named = by_name(&spans);
+    let root = &named["tiergate screen inproc"];
+    assert_eq!(root.parent(), CLIENT_SPAN);
+    assert_eq!(root.attr("tiergate.trace.kept").as_deref(), Some("blocked"));
+    assert_eq!(root.attr("error.type").as_deref(), Some("blocked"));
+    for stage in ["admission", "canonical", "guards", "record"] {
+        assert_eq!(named[stage].parent(), root.id(), "{stage}");
+    }
+}

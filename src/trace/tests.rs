@@ -202,3 +202,20 @@ fn shutdown_exports_what_is_queued_without_waiting_for_the_batch_delay() {
     })
     .unwrap();
 }
+
+#[test]
+fn the_bundled_configs_commented_tracing_section_is_valid() {
+    let bundled = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/tiergate.toml")).unwrap();
+    let at = bundled.find("# [tracing]").expect("config/tiergate.toml documents [tracing]");
+    let section: String = bundled[at..]
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::env::set_var("OTEL_TOKEN", "t");
+    let config = crate::config::Config::parse(&section).unwrap_or_else(|e| panic!("{e}\n{section}"));
+    assert!(config.tracing.enabled);
+    assert_eq!(config.tracing.headers["authorization"], "Bearer t");
+    config.tracing.check().unwrap();
+}

@@ -14,6 +14,7 @@ use crate::proxy::Proxy;
 use crate::readings::ReadingsConfig;
 use crate::tenant::TenantsConfig;
 use crate::tier::{GpuConfig, ModelConfig, Provider};
+use crate::trace::TracingConfig;
 use crate::web::ServerConfig;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The audit trail; absent: off.
     pub audit: Option<AuditConfig>,
+    /// OpenTelemetry traces (`[tracing]`); off by default.
+    pub tracing: TracingConfig,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             proxy: Default::default(),
             routes: Vec::new(),
             audit: None,
+            tracing: TracingConfig::default(),
         }
     }
 }
@@ -156,6 +160,7 @@ impl Config {
             drift: &self.drift,
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
+            tracing: &self.tracing,
         }
     }
 
@@ -170,6 +175,7 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        self.tracing.check()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

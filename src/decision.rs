@@ -123,6 +123,8 @@ pub struct Subject {
     /// ISO 639-3 code of the canonical text's language as the rules saw it ("und" when the
     /// guess is unreliable); empty when no stage asked.
     pub lang: &'static str,
+    /// The request's trace id (32 hex digits), when it was traced (`[tracing]`).
+    pub trace_id: Option<String>,
 }
 
 /// What `?explain=true` adds.

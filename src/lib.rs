@@ -7,7 +7,7 @@
 //! and what comes after each stage, runs the [`tier`]s (cpu model, gpu model) with
 //! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`], whose signals
 //! also feed the [`drift`] monitor. [`policy`] and
-//! [`signals`] are its inputs, [`metrics`] and the [`audit`] trail its side outputs, [`error`] the one place errors
+//! [`signals`] are its inputs, [`metrics`], [`trace`]s and the [`audit`] trail its side outputs, [`error`] the one place errors
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
 pub mod action;
@@ -37,6 +37,7 @@ pub mod tenant;
 mod test_support;
 pub mod text;
 pub mod tier;
+pub mod trace;
 pub mod web;
 
 pub use config::Config;

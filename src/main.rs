@@ -246,6 +246,7 @@ fn serve(
             });
         }
         let audit = gateway.audit.clone();
+        let tracer = gateway.tracer.clone();
         let (app, admin) = App::pair(gateway, &config.server, &config.admin, config.proxy()?);
         let (app, admin) = (Arc::new(app), Arc::new(admin));
         let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -255,6 +256,8 @@ fn serve(
         tiergate::serve(listener, app, shutdown_signal()).await?;
         let _ = stop_admin.send(());
         let _ = admin_task.await;
+        // The last requests' traces, before the process exits.
+        tracer.shutdown(std::time::Duration::from_secs(5)).await;
         // The listeners are drained: commit every queued audit record before exiting.
         // Then the Kafka shipper ships what is left.
         if let Some(audit) = audit {

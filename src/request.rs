@@ -38,6 +38,9 @@ pub struct ClassifyRequest {
     /// Whether the client asked for `deadline` (`x-tiergate-deadline-ms`): a scenario's deadline
     /// replaces a default one, and a requested one may only shorten it.
     pub deadline_requested: bool,
+    /// The request's trace (the front door began it; [`crate::trace::Trace::OFF`] offline or
+    /// with tracing off): the gateway records its stages in it.
+    pub trace: crate::trace::Trace,
 }
 
 impl ClassifyRequest {
@@ -79,6 +82,7 @@ impl ClassifyRequest {
             identity: None,
             scenario: None,
             deadline_requested: false,
+            trace: crate::trace::Trace::OFF,
         })
     }
 

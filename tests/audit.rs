@@ -247,6 +247,7 @@ fn detached(id: &str) -> Draft {
         latency_us: 0,
         lang: None,
         text: std::sync::Arc::from("x"),
+        trace_id: None,
     }
 }
 

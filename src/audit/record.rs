@@ -154,6 +154,10 @@ pub struct AuditRecord {
     /// Length of the screened text, Unicode scalar values.
     pub text_chars: u64,
     pub text: AuditText,
+    /// The request's trace id (32 hex digits), when it was traced (`[tracing]`): the way from a
+    /// record to its trace. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// A record before the writer renders its text and path.
@@ -177,6 +181,8 @@ pub struct Draft {
     pub latency_us: u64,
     pub lang: Option<&'static str>,
     pub text: Arc<str>,
+    /// The request's trace id, when it was traced.
+    pub trace_id: Option<String>,
 }
 
 /// Now, ms since the Unix epoch.
@@ -240,6 +246,7 @@ impl Draft {
                 latency_us: d.latency_us,
                 lang: (!d.subject.lang.is_empty()).then_some(d.subject.lang),
                 text: Arc::clone(&d.subject.text),
+                trace_id: d.subject.trace_id.clone(),
             },
             Event::Unscreened { request_id, policy_version, reason } => Draft {
                 request_id: request_id.to_string(),
@@ -261,6 +268,7 @@ impl Draft {
                 latency_us: 0,
                 lang: None,
                 text: Arc::from(""),
+                trace_id: None,
             },
             Event::StreamCut { request_id, tenant, policy_version, action, step, lang, text } => Draft {
                 request_id: request_id.to_string(),
@@ -280,6 +288,7 @@ impl Draft {
                 note: None,
                 lang: Some(lang),
                 text: Arc::from(text),
+                trace_id: None,
             },
         }
     }
@@ -318,6 +327,7 @@ impl Draft {
             lang: self.lang.map(str::to_string),
             text_chars: self.text.chars().count() as u64,
             text: text.render(&self.text),
+            trace_id: self.trace_id,
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
 use crate::tier::gpu::GpuTier;
 use crate::tier::windows::Encoded;
 use crate::tier::{ModelTier, ModelVerdict, Prepared, TierError, TierInput};
+use crate::trace::Trace;
+use opentelemetry::context::FutureExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -38,6 +40,8 @@ pub struct LiveTiers<'a> {
     pub recorded: &'a Mutex<Recorded>,
     /// The request's tenant, whose gpu share and daily budget gate each gpu call.
     pub tenant: TenantGate<'a>,
+    /// The request's trace: a span per stage.
+    pub trace: &'a Trace,
 }
 
 /// The tenant limits a live gpu call passes: a slot of the tenant's fair share (taken
@@ -114,6 +118,14 @@ impl Tiers<'_> {
         }
     }
 
+    /// Where stage spans go: the live request's trace; a replay records none.
+    fn trace(&self) -> &Trace {
+        match self {
+            Tiers::Live(live) => live.trace,
+            Tiers::Replay(_) => &Trace::OFF,
+        }
+    }
+
     async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Result<ModelVerdict, TierError> {
         match self {
             Tiers::Live(live) => {
@@ -127,14 +139,21 @@ impl Tiers<'_> {
         }
     }
 
-    async fn gpu(&self, policy: &Policy, text: &Arc<str>, deadline: Instant) -> Result<ModelVerdict, TierError> {
+    async fn gpu(
+        &self,
+        policy: &Policy,
+        text: &Arc<str>,
+        deadline: Instant,
+        context: opentelemetry::Context,
+    ) -> Result<ModelVerdict, TierError> {
         match self {
             Tiers::Live(live) => {
                 let Some(gpu) = live.gpu else {
                     return Err(TierError::Unavailable("no gpu tier configured".into()));
                 };
                 let _slot = live.tenant.enter_gpu(policy).await?;
-                let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).await;
+                // The model server's request carries the gpu span's context (`inject_current`).
+                let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).with_context(context).await;
                 live.observe_batch(TierName::Gpu, &r);
                 live.recorded.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());
                 r
@@ -230,7 +249,9 @@ pub async fn run(
     decision.overloaded = decision.tier == TierName::Rules
         && (start.cpu.as_ref().is_err_and(Ineligible::is_capacity)
             || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
+    let (span, before) = (tiers.trace().start("guards"), decision.path.len());
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
+    tiers.trace().end(span, || super::trace::guard_attributes(&decision, before), None);
     let explain = x.req.explain.then(|| Explain {
         complexity: run.assessment.complexity,
         stats: run.assessment.stats,
@@ -259,6 +280,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     async fn cpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
+        let span = tiers.trace().start("tier cpu");
         let t = Instant::now();
         let prepared =
             Prepared { encoded: self.assessment.encoded.take(), lang: Some(self.assessment.facts.lang.clone()) };
@@ -268,15 +290,23 @@ impl Run<'_> {
         if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
             self.assessment.complexity = self.assessment.complexity.with_ood(&x.policy.complexity, ood);
         }
-        self.follow(TierName::Cpu, result, us, x)
+        let before = self.path.len();
+        let then = self.follow(TierName::Cpu, result, us, x);
+        super::trace::end_tier(tiers.trace(), span, TierName::Cpu, &self.path[before..]);
+        then
     }
 
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
+        let span = tiers.trace().start("tier gpu");
+        let context = tiers.trace().otel_context(&span);
         let t = Instant::now();
-        let result = tiers.gpu(x.policy, &self.assessment.facts.text, x.deadline()).await;
+        let result = tiers.gpu(x.policy, &self.assessment.facts.text, x.deadline(), context).await;
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Gpu, us);
-        self.follow(TierName::Gpu, result, us, x)
+        let before = self.path.len();
+        let then = self.follow(TierName::Gpu, result, us, x);
+        super::trace::end_tier(tiers.trace(), span, TierName::Gpu, &self.path[before..]);
+        then
     }
 
     /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
@@ -392,6 +422,7 @@ impl Run<'_> {
             // Neither model tier was tried: say why.
             self.path.push(Step::new(TierName::Cpu, Outcome::Skipped, 0).reason(start.reason.clone()));
         }
+        let span = tiers.trace().start("rules");
         let t = Instant::now();
         let only = x.scenario.and_then(|s| s.rules.as_deref());
         let verdict = x.policy.rules.evaluate_subset(&self.rules_input(x), only);
@@ -410,6 +441,7 @@ impl Run<'_> {
         if verdict.rule.is_none() {
             step.reason = Some("no rule matched; policy default applies".into());
         }
+        tiers.trace().end(span, || super::trace::step_attributes(&step), None);
         self.path.push(step);
         let mut d = decision(TierName::Rules, verdict.risk_score, None, verdict.action, std::mem::take(&mut self.path));
         d.rule = verdict.rule;

@@ -30,6 +30,8 @@ pub struct GatewayConfig<'a> {
     /// `[audit]`: the gateway opens the trail and records every decision; `None`: no trail
     /// (also for one-off runs such as `explain` and `check-policy`).
     pub audit: Option<&'a crate::audit::AuditConfig>,
+    /// `[tracing]`: the gateway holds the tracer every front door begins a request's trace with.
+    pub tracing: &'a crate::trace::TracingConfig,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

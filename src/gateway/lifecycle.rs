@@ -49,6 +49,8 @@ impl Gateway {
         let mut metrics = Metrics::new();
         let kafka_metrics = crate::audit::kafka::KafkaMetrics::register(metrics.registry_mut());
         let tenant_metrics = TenantMetrics::register(metrics.registry_mut());
+        let tracer =
+            crate::trace::Tracer::start(config.tracing, crate::trace::TraceMetrics::register(metrics.registry_mut()))?;
         // Rate and budget state: in Redis when [tenants.redis] is set, else in this process.
         let quotas = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
             .map_err(anyhow::Error::msg)?;
@@ -86,6 +88,7 @@ impl Gateway {
             gpu_below: Mutex::new(Default::default()),
             audit,
             drift,
+            tracer,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -20,6 +20,7 @@ mod guard;
 mod lifecycle;
 pub mod shadow;
 pub mod shadow_model;
+mod trace;
 
 pub use cascade::TenantGate;
 pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
@@ -43,6 +44,7 @@ use crate::tier::onnx::OnnxPool;
 use crate::tier::windows::Tokens;
 use crate::tier::TierLoad;
 use cascade::{Assessment, Inputs, LiveTiers, Recorded, Tiers};
+use opentelemetry::KeyValue;
 use shadow::Shadow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -90,6 +92,8 @@ pub struct Gateway {
     gpu_below: Mutex<Below>,
     /// The audit trail (`[audit]`), when configured: every decision's record goes through it.
     pub audit: Option<Arc<crate::audit::Audit>>,
+    /// `[tracing]`: every front door begins a request's trace with it (off: no-op traces).
+    pub tracer: crate::trace::Tracer,
 }
 
 impl Gateway {
@@ -223,7 +227,11 @@ impl Gateway {
         if let Some(s) = scenario {
             req.deadline = s.deadline_for(req.deadline, req.deadline_requested);
         }
-        let identity = self.admit(&req).await?;
+        let trace = req.trace.clone();
+        let span = trace.start("admission");
+        let admitted = self.admit(&req).await;
+        trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
+        let identity = admitted?;
         let mut snapshot = self.snapshot(started, &policy);
         snapshot.tenant = tenant_load(&identity);
         if let (None, Err(why)) =
@@ -237,10 +245,17 @@ impl Gateway {
             gpu: self.gpu.as_ref(),
             metrics: &self.metrics,
             recorded: &recorded,
+            trace: &trace,
             tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
         });
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
+        let assessed_at = std::time::SystemTime::now();
         let assessment = self.assess(&policy, &req, &snapshot);
+        let canonical_span = trace::Canonical {
+            start: assessed_at,
+            end: std::time::SystemTime::now(),
+            complexity: assessment.complexity.score,
+        };
         let canonical = Arc::clone(&assessment.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
@@ -252,7 +267,13 @@ impl Gateway {
         }
         let mut decision = self.finish(decision, request_id, &policy, explain, started);
         decision.scenario = scenario.map(|s| s.name.clone());
-        decision.subject = Subject { text: Arc::clone(&req.text), tenant: req.tenant.clone(), lang: lang.get().code };
+        decision.subject = Subject {
+            text: Arc::clone(&req.text),
+            tenant: req.tenant.clone(),
+            lang: lang.get().code,
+            trace_id: trace.trace_id(),
+        };
+        trace::decided(&trace, &decision, req.deadline, canonical_span);
         if let Some(drift) = &self.drift {
             drift.observe(&decision, &req.text, &lang);
         }
@@ -369,6 +390,14 @@ impl Gateway {
     /// The gpu backend's registered name, `none` without a gpu tier (for `/readyz`).
     pub fn gpu_backend(&self) -> &str {
         self.gpu.as_ref().map_or(crate::tier::config::NO_GPU, |g| g.name())
+    }
+}
+
+/// The admission span's attributes: the tenant's label, and the limit that refused it.
+fn admission_attributes(admitted: &Result<Identity, ApiError>) -> Vec<KeyValue> {
+    match admitted {
+        Ok(identity) => vec![KeyValue::new(crate::trace::attr::TENANT, identity.state.label.clone())],
+        Err(e) => vec![KeyValue::new(crate::trace::attr::ERROR_TYPE, e.code())],
     }
 }
 

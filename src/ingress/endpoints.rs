@@ -9,11 +9,13 @@ use crate::audit::Kind;
 use crate::breaker::CircuitState;
 use crate::error::{json_response, ApiError};
 use crate::request::{self, ClassifyRequest};
+use crate::trace::{attr, Trace};
 use crate::web::{self, headers};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use opentelemetry::KeyValue;
 use serde_json::json;
 use sha2::Digest;
 use std::sync::Arc;
@@ -70,6 +72,9 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     web::require_json(&parts.headers)?;
     let bytes = web::read_body(&parts.headers, body, app.server.max_body_bytes).await?;
     let mut request = ClassifyRequest::from_json(&parts.headers, &bytes, &app.server)?;
+    request.trace = parts.extensions.get::<Trace>().cloned().unwrap_or_default();
+    request.trace.rename("POST /v1/classify");
+    request.trace.set([KeyValue::new(attr::HTTP_ROUTE, "/v1/classify")]);
     request.identify(&app.gateway.tenants, &parts.headers, None)?;
     request.explain = request::explain_flag(parts.uri.query())?;
     if request.explain && matches!(app.role, Role::Public { views, .. } if !views.explain) {
@@ -79,8 +84,13 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
         ));
     }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
+    let trace = request.trace.clone();
     let decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
-    app.gateway.record(Event::Decided { kind: Kind::Classify, decision: &decision }, None)?;
+    let span = trace.start("record");
+    let recorded = app.gateway.record(Event::Decided { kind: Kind::Classify, decision: &decision }, None);
+    let audited = app.gateway.audit.is_some() && recorded.is_ok();
+    trace.end(span, || vec![KeyValue::new(attr::AUDITED, audited)], None);
+    recorded?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 

@@ -7,12 +7,15 @@ use super::conn;
 use super::endpoints;
 use crate::error::ApiError;
 use crate::metrics::ResponseLabels;
+use crate::trace::{attr, Trace};
 use crate::web::{self, boxed, BoxBody, PeerAddr, ServerConfig};
 use http::{header, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -126,11 +129,16 @@ fn spawn_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr, p
             }
         })
     };
+    let app = Arc::clone(&shared.app);
     let service = ServiceBuilder::new()
         .map_request(web::headers::drop_unusable_request_id)
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
+        .map_request(move |mut req: Request<Incoming>| {
+            begin_trace(&app, &mut req, peer);
+            req
+        })
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .service(handler);
     let connection =
         shared.builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
@@ -161,11 +169,68 @@ fn at_capacity(app: &App) -> Response<BoxBody> {
 /// route's own timeouts) or to tiergate's endpoints under the whole-request timeout (which also
 /// bounds slow-body clients); a request not `admitted` under `max_concurrent_requests` is shed.
 /// The one place the public and admin listeners turn errors into responses, and count them.
+/// An admitted request's trace ([`begin_trace`]) ends here with the response, which names it
+/// in `traceresponse`; a shed request's is dropped unexported.
 async fn handle(app: &App, req: Request<Incoming>, admitted: bool) -> Response<BoxBody> {
-    let response =
-        if admitted { dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response())) } else { at_capacity(app) };
+    let response = if admitted {
+        let trace = req.extensions().get::<Trace>().cloned().unwrap_or_default();
+        let mut response = dispatch(app, req).await.unwrap_or_else(|e| boxed(e.into_response()));
+        if let Some(root) = trace.root() {
+            response
+                .headers_mut()
+                .insert(crate::trace::context::TRACERESPONSE, crate::trace::context::traceresponse(root));
+        }
+        trace.respond(response.status());
+        trace.finish();
+        response
+    } else {
+        at_capacity(app)
+    };
     app.gateway.metrics.responses.get_or_create(&ResponseLabels { status: response.status().as_u16() }).inc();
     response
+}
+
+/// The log span of a request (tower-http's `TraceLayer`): with a trace, at INFO level with its
+/// `trace_id` and `span_id` (the root span), so that every log line written while the request
+/// is handled, tower-http's own included, leads to its trace; else tower-http's default.
+fn request_span(req: &Request<Incoming>) -> tracing::Span {
+    match req.extensions().get::<Trace>().and_then(Trace::root) {
+        Some(sc) => {
+            tracing::info_span!("request", method = %req.method(), trace_id = %sc.trace_id(), span_id = %sc.span_id())
+        }
+        None => tower_http::trace::MakeSpan::make_span(&mut tower_http::trace::DefaultMakeSpan::new(), req),
+    }
+}
+
+/// Begins the request's trace, continuing the client's `traceparent` when valid, with the HTTP
+/// server span's attributes, in the request's extensions for the log span, [`handle`] and the
+/// endpoint or proxy route that serves it. Probes (`/healthz`, `/readyz`, `/metrics`) are not
+/// traced.
+fn begin_trace(app: &App, req: &mut Request<Incoming>, peer: SocketAddr) {
+    if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
+        return;
+    }
+    let trace = app.gateway.tracer.begin(req.headers(), SpanKind::Server);
+    if trace.is_on() {
+        let version = match req.version() {
+            http::Version::HTTP_2 => "2",
+            http::Version::HTTP_10 => "1.0",
+            _ => "1.1",
+        };
+        let mut attributes = vec![
+            KeyValue::new(attr::HTTP_REQUEST_METHOD, req.method().to_string()),
+            KeyValue::new(attr::URL_PATH, req.uri().path().to_string()),
+            KeyValue::new(attr::URL_SCHEME, "http"),
+            KeyValue::new(attr::NETWORK_PROTOCOL_VERSION, version),
+            KeyValue::new(attr::CLIENT_ADDRESS, peer.ip().to_string()),
+        ];
+        if let Some(id) = req.headers().get(web::headers::REQUEST_ID).and_then(|v| v.to_str().ok()) {
+            attributes.push(KeyValue::new(attr::REQUEST_ID, id.to_string()));
+        }
+        trace.set(attributes);
+        trace.rename(req.method().to_string());
+        req.extensions_mut().insert(trace);
+    }
 }
 
 async fn dispatch(app: &App, mut req: Request<Incoming>) -> Result<Response<BoxBody>, ApiError> {

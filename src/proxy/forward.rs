@@ -10,6 +10,7 @@ use super::screen::Outgoing;
 use super::{stream_guard, Proxy, Screening};
 use crate::error::{error_chain, ApiError};
 use crate::metrics::RouteLabels;
+use crate::trace::{attr, Trace};
 use crate::web::{empty, full, headers, BoxBody, BoxError, IdleTimeout};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -17,6 +18,8 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
+use opentelemetry::trace::SpanContext;
+use opentelemetry::KeyValue;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -34,14 +37,51 @@ enum Attempt {
 }
 
 impl Proxy {
-    /// Forwards a request (already screened, when the route screens) to the route's app.
+    /// Forwards a request (already screened, when the route screens) to the route's app, in a
+    /// client span (`app`) of the request's trace whose context the app receives in
+    /// `traceparent`/`tracestate` (replacing the client's).
     pub(super) async fn forward(
+        &self,
+        port: &Port,
+        route: &Route,
+        parts: http::request::Parts,
+        body: Outgoing<Incoming>,
+        screened: Option<&Screening>,
+    ) -> Result<Response<BoxBody>, ApiError> {
+        let trace = parts.extensions.get::<Trace>().cloned().unwrap_or_default();
+        if !trace.is_on() {
+            return self.forward_to_app(port, route, parts, body, screened, None).await;
+        }
+        trace.set([KeyValue::new(attr::ROUTE, route.name.clone())]);
+        let span = trace.start_client("app");
+        let method = parts.method.to_string();
+        let result = self.forward_to_app(port, route, parts, body, screened, Some(&trace.context_of(&span))).await;
+        let mut attributes =
+            vec![KeyValue::new(attr::HTTP_REQUEST_METHOD, method), KeyValue::new(attr::ROUTE, route.name.clone())];
+        let error = match &result {
+            Ok(response) => {
+                attributes.push(KeyValue::new(attr::HTTP_RESPONSE_STATUS_CODE, i64::from(response.status().as_u16())));
+                response.status().is_server_error().then(|| response.status().to_string())
+            }
+            Err(e) => {
+                attributes.push(KeyValue::new(attr::ERROR_TYPE, e.code()));
+                Some(e.to_string())
+            }
+        };
+        trace.end(span, || attributes, error);
+        result
+    }
+
+    /// [`Proxy::forward`]'s work: attempts until one is answered; `context`: the trace context
+    /// each attempt carries.
+    async fn forward_to_app(
         &self,
         port: &Port,
         route: &Route,
         mut parts: http::request::Parts,
         body: Outgoing<Incoming>,
         screened: Option<&Screening>,
+        context: Option<&SpanContext>,
     ) -> Result<Response<BoxBody>, ApiError> {
         // For a cut's audit record: the id the decision carries (set by the request-id layer).
         let request_id = (route.stream_guard.is_some() && port.audits()).then(|| {
@@ -64,7 +104,7 @@ impl Proxy {
             tried = Some(pick.index);
             let app = &route.apps[pick.index];
             let body = body.take().unwrap_or_else(|| replayable.clone().map(full).unwrap_or_else(empty));
-            let request = app_request(route, &parts, app, original_host.clone(), body);
+            let request = app_request(route, &parts, app, original_host.clone(), body, context);
             let sent = Instant::now();
             match self.attempt(route, request).await {
                 Attempt::Answered(response) => {
@@ -214,14 +254,15 @@ impl Proxy {
     }
 }
 
-/// The request for one app address: its scheme and authority, the client's path and query, and
-/// `Host` as the route says.
+/// The request for one app address: its scheme and authority, the client's path and query,
+/// `Host` as the route says, and the trace `context` (tiergate's client span) when traced.
 fn app_request(
     route: &Route,
     parts: &http::request::Parts,
     app: &AppAddr,
     original_host: Option<HeaderValue>,
     body: BoxBody,
+    context: Option<&SpanContext>,
 ) -> Request<BoxBody> {
     let path_and_query = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut request = Request::from_parts(parts.clone(), body);
@@ -237,6 +278,9 @@ fn app_request(
     };
     if let Some(host) = host {
         request.headers_mut().insert(header::HOST, host);
+    }
+    if let Some(cx) = context {
+        crate::trace::context::inject(cx, request.headers_mut());
     }
     request
 }

@@ -14,10 +14,13 @@ use super::port::Port;
 use super::screen::Screen;
 use crate::decision::Decision;
 use crate::error::ApiError;
+use crate::trace::attr;
 use crate::web::{boxed, headers, BoxBody, BoxError, ServerConfig};
 use bytes::Bytes;
 use futures_util::future::{Either, FutureExt, TryFutureExt};
 use http::{Request, Response};
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -72,13 +75,44 @@ impl<S> tower::Layer<S> for TierGateLayer {
     }
 }
 
-/// Screens `req`: the request to pass on, or why not (blocked, or refused when fail-closed).
+/// Screens `req` in a trace of its own (with `[tracing]` on: continuing the request's
+/// `traceparent`, root span `tiergate screen {name}`, the stages under it): the request to pass
+/// on, or why not (blocked, or refused when fail-closed).
 async fn screen_request<B>(shared: Arc<Shared>, req: Request<B>) -> Result<Request<BoxBody>, ApiError>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
+    let trace = shared.port.tracer().begin(req.headers(), SpanKind::Internal);
+    if trace.is_on() {
+        trace.rename(format!("tiergate screen {}", shared.name));
+        trace.set([KeyValue::new(attr::ROUTE, shared.name.clone())]);
+    }
     let (mut parts, body) = req.into_parts();
+    if trace.is_on() {
+        parts.extensions.insert(trace.clone());
+    }
+    let screened = screen_parts(&shared, parts, body).await;
+    if let Err(e) = &screened {
+        trace.set([KeyValue::new(attr::ERROR_TYPE, e.code())]);
+        if e.status().is_server_error() {
+            trace.fail(e.to_string());
+        }
+    }
+    trace.finish();
+    screened
+}
+
+/// [`screen_request`]'s work.
+async fn screen_parts<B>(
+    shared: &Shared,
+    mut parts: http::request::Parts,
+    body: B,
+) -> Result<Request<BoxBody>, ApiError>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
     let request_id = match headers::client_request_id(&parts.headers) {
         Some(id) => id.to_string(),
         None => {

@@ -19,9 +19,11 @@ use crate::audit::Kind;
 use crate::decision::Decision;
 use crate::error::ApiError;
 use crate::policy::Action;
+use crate::trace::{attr, Trace};
 use crate::web::ServerConfig;
 use bytes::Bytes;
 use http::request::Parts;
+use opentelemetry::KeyValue;
 
 /// What screening concluded, when the request goes on to the app.
 pub enum Screening {
@@ -65,8 +67,13 @@ where
     let (request, outgoing) = screen::read(door.port.tenants(), door.server, door.screen, parts, body).await;
     let broken = matches!(outgoing, Outgoing::Broken);
     let policy = door.screen.config.policy.as_deref();
+    // The front door's trace, when it began one (the Layer's requests have none).
+    let trace = parts.extensions.get::<Trace>().cloned().unwrap_or_default();
     let outcome = match request {
-        Ok(request) => door.port.decide(policy, request, request_id.to_string()).await,
+        Ok(mut request) => {
+            request.trace = trace.clone();
+            door.port.decide(policy, request, request_id.to_string()).await
+        }
         Err(e) => Err(e),
     };
     // What the client controls is refused in either mode (`ApiError::may_fail_open`): a client
@@ -74,7 +81,10 @@ where
     // whose body is lost go on in any mode.
     let fails_open = door.screen.config.on_error == FailMode::Open && !broken;
     let unscreened = outcome.as_ref().err().filter(|e| fails_open && e.may_fail_open()).map(ApiError::to_string);
-    record(door, request_id, &outcome, unscreened.as_deref())?;
+    let span = trace.start("record");
+    let recorded = record(door, request_id, &outcome, unscreened.as_deref());
+    trace.end(span, || vec![KeyValue::new(attr::AUDITED, door.port.audits() && recorded.is_ok())], None);
+    recorded?;
     let screening = dispose(door, outcome, unscreened)?;
     Ok((screening, outgoing))
 }

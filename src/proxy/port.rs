@@ -123,6 +123,11 @@ impl Port {
         &self.gateway.metrics.stream_guard
     }
 
+    /// The tracer (`[tracing]`), for a front door that begins its own traces (the Layer).
+    pub fn tracer(&self) -> &crate::trace::Tracer {
+        &self.gateway.tracer
+    }
+
     /// Whether an audit trail is on (a stream cut then needs the request's id).
     pub fn audits(&self) -> bool {
         self.gateway.audit.is_some()

@@ -388,6 +388,26 @@ impl Sidecar {
         Sidecar::serve_in(dir, &repo().join("policies"), &audit)
     }
 
+    /// What it has logged so far (stderr), terminal colours removed.
+    pub fn log_text(&self) -> String {
+        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                // CSI: ESC [ ... final byte in @..~
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) && c != '[' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
     fn spawn(mut command: std::process::Command, public: SocketAddr, admin: SocketAddr) -> Sidecar {
         // Its log goes to a file, so that a start that fails says why.
         let log = std::env::temp_dir().join(format!("tiergate-sidecar-{}-{}.log", std::process::id(), admin.port()));

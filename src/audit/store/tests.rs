@@ -28,6 +28,7 @@ pub(crate) fn record(request_id: &str, unix_ms: u64) -> AuditRecord {
         lang: Some("eng".into()),
         text_chars: 200,
         text: AuditText { mode: TextMode::Full, value: "x".repeat(200) },
+        trace_id: None,
     }
 }
 

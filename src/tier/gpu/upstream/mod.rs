@@ -196,11 +196,13 @@ impl Shared {
     /// One HTTP exchange with `endpoint`; the caller bounds it by the deadline.
     async fn ask(&self, index: usize, body: Bytes, prompt: &PromptSpec) -> Result<ParsedCompletion, TierError> {
         let url = self.balancer.url(index);
-        let request = Request::post(self.endpoints[index].uris.chat.clone())
+        let mut request = Request::post(self.endpoints[index].uris.chat.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json")
             .body(Full::new(body))
             .map_err(|e| TierError::Inference(format!("{}: cannot build request: {e}", url)))?;
+        // The gpu tier's span, when the request is traced: the model server's spans join it.
+        crate::trace::context::inject_current(request.headers_mut());
         let response = self.client.request(request).await.map_err(|e| {
             let message = format!("{}: {}", url, error_chain(&e));
             if e.is_connect() {

@@ -55,8 +55,11 @@ impl ClassifyRequest {
         deadline: Duration,
         server: &ServerConfig,
     ) -> Result<ClassifyRequest, ApiError> {
-        if text.trim().is_empty() {
-            return Err(ApiError::invalid("text", "`text` must not be empty"));
+        if crate::text::is_blank(&text) {
+            return Err(ApiError::invalid(
+                "text",
+                "`text` must not be empty (white space and invisible characters alone are empty)",
+            ));
         }
         if text.len() > server.max_text_bytes {
             return Err(ApiError::invalid(
@@ -265,7 +268,13 @@ mod tests {
         assert_eq!(field_of(parse(&h, b"[1]")).0, "body");
         assert_eq!(field_of(parse(&h, b"{}")), ("text".into(), "`text` is required".into()));
         assert_eq!(field_of(parse(&h, br#"{"text":5}"#)).1, "`text` must be a string, got a number");
-        assert_eq!(field_of(parse(&h, br#"{"text":"  "}"#)).1, "`text` must not be empty");
+        let empty = "`text` must not be empty (white space and invisible characters alone are empty)";
+        assert_eq!(field_of(parse(&h, br#"{"text":"  "}"#)).1, empty);
+        // zero-width space, zero-width joiner, byte-order mark, soft hyphen, NUL, ideographic space
+        for blank in [r#"{"text":"\u200b\u200d\ufeff"}"#, r#"{"text":"\u00ad\u0000\u3000"}"#] {
+            assert_eq!(field_of(parse(&h, blank.as_bytes())).1, empty, "{blank}");
+        }
+        assert!(parse(&h, r#"{"text":"ok\u200b"}"#.as_bytes()).is_ok(), "a visible letter is a message");
         assert_eq!(field_of(parse(&h, br#"{"text":"01234567890"}"#)).1, "`text` must be at most 10 bytes, got 11");
         assert_eq!(field_of(parse(&h, br#"{"text":"a","features":[]}"#)).0, "features");
         assert!(field_of(parse(&h, br#"{"text":"a","features":{"a":1,"b":2,"c":3}}"#)).1.contains("at most 2 keys"));

@@ -61,6 +61,8 @@ async fn field_errors_are_422_and_name_the_field() {
         (r#"{"text": null}"#, "text", "`text` is required"),
         (r#"{"text": ""}"#, "text", "`text` must not be empty"),
         (r#"{"text": "   \n"}"#, "text", "`text` must not be empty"),
+        // invisible characters alone (zero-width space, byte-order mark, soft hyphen) are no message
+        (r#"{"text": "\u200b\ufeff\u00ad"}"#, "text", "`text` must not be empty"),
         (r#"{"text": 42}"#, "text", "`text` must be a string, got a number"),
         (r#"{"text": ["a"]}"#, "text", "`text` must be a string, got an array"),
         (r#"{"text": "hi", "features": "x"}"#, "features", "`features` must be an object, got a string"),

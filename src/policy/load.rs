@@ -150,14 +150,9 @@ impl Merged {
         if let Some((file, c)) = &self.cascade {
             check_unit(file, "cascade.accept_below", c.accept_below, problems);
             if let Some(r) = c.accept_risk_below {
+                // Below accept_below it has no effect (the higher applies): no error, so that raising
+                // accept_below alone stays valid.
                 check_unit(file, "cascade.accept_risk_below", r, problems);
-                if r < c.accept_below {
-                    problems.push(at(
-                        file,
-                        "cascade",
-                        format!("accept_risk_below ({r}) must not be below accept_below ({})", c.accept_below),
-                    ));
-                }
             }
             check_unit(file, "cascade.ood_above", c.ood_above, problems);
             for (guess, served) in &c.language_neighbours {

@@ -39,7 +39,8 @@ pub struct Cascade {
     /// A model verdict of `risk` needs at least this calibrated confidence to stand (and to
     /// skip escalation): a blocking verdict must be precise on legitimate look-alikes, as a
     /// blocking guard must. Below it the verdict escalates or goes to rules (the bundled
-    /// `model_leaning_risky` rule makes it a review). Defaults to `accept_below`; never lower.
+    /// `model_leaning_risky` rule makes it a review). Defaults to `accept_below`; the higher of
+    /// the two applies, so a value below `accept_below` has no effect.
     #[serde(default)]
     pub accept_risk_below: Option<f64>,
     /// A cpu verdict whose out-of-distribution score is above this is not trusted whatever its

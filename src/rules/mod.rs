@@ -494,11 +494,11 @@ mod tests {
         assert!(text.contains("cascade.accept_below: must be in [0, 1], got 2"), "{text}");
         let err = Policy::from_sources(
             Path::new("p"),
-            &[(PathBuf::from("p/a.toml"), "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 0.9\naccept_risk_below = 0.8\nood_above = 0.5\n[default]\naction = \"allow\"\nscore = 0\n".into())],
+            &[(PathBuf::from("p/a.toml"), "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\naccept_below = 0.9\naccept_risk_below = 1.5\nood_above = 0.5\n[default]\naction = \"allow\"\nscore = 0\n".into())],
         )
         .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("accept_risk_below (0.8) must not be below accept_below (0.9)"), "{text}");
+        assert!(text.contains("cascade.accept_risk_below: must be in [0, 1], got 1.5"), "{text}");
     }
 
     #[test]

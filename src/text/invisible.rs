@@ -112,6 +112,13 @@ fn joins(c: char, next: char) -> bool {
     next.is_emoji_char() || uses_joiners(next)
 }
 
+/// Whether `text` has nothing a reader sees: only white space and invisible characters
+/// ([`is_invisible`]: zero-width spaces and joiners, soft hyphens, byte-order marks, controls).
+/// Such a text is no message to judge (the model would score an empty input).
+pub fn is_blank(text: &str) -> bool {
+    text.chars().all(|c| c.is_whitespace() || is_invisible(c))
+}
+
 /// Format (Cf), control (Cc, except white space) and other Default_Ignorable characters.
 fn is_invisible(c: char) -> bool {
     if c.is_ascii() {

@@ -23,6 +23,7 @@ mod invisible;
 pub mod lang;
 
 pub use canonical::{canonicalize, skeleton, Canonical, Obfuscation};
+pub use invisible::is_blank;
 pub use lang::{detect, Elsewhere, Language, LanguageCell};
 
 #[cfg(test)]

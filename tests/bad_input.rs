@@ -131,6 +131,18 @@ async fn unknown_route_is_404_and_wrong_method_is_405() {
     assert_eq!(r.status, 405);
     assert_eq!(r.headers["allow"], "POST");
     assert_eq!(error_of(&r)["code"], "method_not_allowed");
+    // the admin listener's own endpoints too (a fresh-user check found 404 there)
+    let (_, admin, _) = start_with_admin(config(&repo().join("policies")), Default::default(), Some("t"));
+    for (method, path, allow) in [
+        ("GET", "/v1/classify", "POST"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("DELETE", "/readyz", "GET, HEAD"),
+        ("POST", "/metrics", "GET"),
+    ] {
+        let r = send(admin, method, path, &[], "").await;
+        assert_eq!(r.status, 405, "{method} {path} on the admin listener");
+        assert_eq!(r.headers["allow"], allow, "{method} {path}");
+    }
 }
 
 #[tokio::test]

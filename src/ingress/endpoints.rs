@@ -38,6 +38,10 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
                 }
                 ("/readyz", &Method::GET | &Method::HEAD) => return Ok(readyz(app)),
                 ("/metrics", &Method::GET) => return Ok(metrics(app)),
+                // A wrong method on these is 405 naming the right one, as on the public listener.
+                ("/v1/classify", _) => return Err(not_allowed(&method, path, "POST")),
+                ("/healthz" | "/readyz", _) => return Err(not_allowed(&method, path, "GET, HEAD")),
+                ("/metrics", _) => return Err(not_allowed(&method, path, "GET")),
                 _ => {}
             }
             authorize(req.headers(), token.as_deref())?;
@@ -65,6 +69,10 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
         }
         _ => Err(ApiError::NotFound { path }),
     }
+}
+
+fn not_allowed(method: &Method, path: String, allowed: &'static str) -> ApiError {
+    ApiError::MethodNotAllowed { method: method.to_string(), path, allowed }
 }
 
 async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {

@@ -28,6 +28,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+. benches/lib.sh
 OUT="$ROOT/target/audit_cost/$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT"
 SWEEP="${AUDIT_SWEEP:-200,250,300,350,400,450,500,550,600}"
@@ -41,7 +42,6 @@ log "building"
 cargo build --release --bin tiergate >&2
 OPENLOOP="$(benches/bench_bin.sh openloop)"
 BIN="$ROOT/target/release/tiergate"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 PID=""
 start_server() {  # audit: on|off; sets PORT ADMIN PID DIR
@@ -55,13 +55,8 @@ start_server() {  # audit: on|off; sets PORT ADMIN PID DIR
     echo "[policies]"; echo "dir = \"$ROOT/policies\""; echo "watch = false"
     if [[ $audit == on ]]; then echo "[audit]"; echo "dir = \"$DIR/audit\""; fi
   } > "$DIR/tiergate.toml"
-  "$BIN" serve --config "$DIR/tiergate.toml" > "$DIR/tiergate.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  log "tiergate did not become ready: $DIR/tiergate.log"; exit 1
+  start_tiergate "$DIR/tiergate.toml" "$PORT" "$ADMIN" "$DIR/tiergate.log" "$BIN"
+  PID=$SERVER
 }
 stop_server() {
   kill -TERM "$PID" 2>/dev/null || true

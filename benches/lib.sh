@@ -17,3 +17,6 @@ start_tiergate() {
     tail -5 "$log" >&2
     exit 1
 }
+
+# free_port: a TCP port free on 127.0.0.1 now (the kernel's pick).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

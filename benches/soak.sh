@@ -12,12 +12,12 @@
 #   SOAK_DURATION=120 SOAK_RATE=50 benches/soak.sh      # a short try
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 BIN=${TIERGATE_BIN:-target/release/tiergate}
 [ -x "$BIN" ] || { echo "no $BIN: run cargo build --release first" >&2; exit 1; }
 OUT=target/soak/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$OUT/policies"
 cp policies/*.toml "$OUT/policies/"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PORT=$(free_port); ADMIN=$(free_port); APP_A=$(free_port); APP_B=$(free_port)
 cat > "$OUT/tiergate.toml" <<TOML
 [server]

@@ -20,6 +20,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
+. benches/lib.sh
 OUT="$ROOT/target/trace_cost/$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT"
 RATE="${TRACE_RATE:-100}"
@@ -32,7 +33,6 @@ log "building"
 cargo build --release --bin tiergate >&2
 OPENLOOP="$(benches/bench_bin.sh openloop)"
 BIN="$ROOT/target/release/tiergate"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 SINK_PORT=$(free_port)
 python3 - "$SINK_PORT" "$OUT/sink.json" <<'PY' &
@@ -71,13 +71,8 @@ start_server() {  # mode: off | RATIO; sets PORT ADMIN PID DIR
       echo "sampling_ratio = $mode"
     fi
   } > "$DIR/tiergate.toml"
-  "$BIN" serve --config "$DIR/tiergate.toml" > "$DIR/tiergate.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  log "tiergate did not become ready: $DIR/tiergate.log"; exit 1
+  start_tiergate "$DIR/tiergate.toml" "$PORT" "$ADMIN" "$DIR/tiergate.log" "$BIN"
+  PID=$SERVER
 }
 stop_server() {
   curl -s "http://127.0.0.1:$ADMIN/metrics" | grep '^tiergate_trace_spans' | sed "s/^/$1 /" >> "$OUT/spans.txt" || true

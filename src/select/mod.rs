@@ -237,6 +237,7 @@ pub fn after_cpu(
     gpu: &Result<(), Ineligible>,
 ) -> Next {
     let c = &policy.cascade;
+    let escalate_below = c.escalate_below_for(v.risk_score);
     let (outcome, reason) = if let Some(why) = not_finite(v) {
         (Outcome::Error, why)
     } else if let Some(why) = foreign(lang, policy) {
@@ -245,10 +246,9 @@ pub fn after_cpu(
         (Outcome::Unread, why)
     } else if let Some(ood) = v.ood_score.filter(|&o| o > c.ood_above) {
         (Outcome::OutOfDistribution, format!("ood_score {ood:.3} above ood_above {}", c.ood_above))
-    } else if v.confidence < c.escalate_below_for(v.risk_score) {
-        let below = c.escalate_below_for(v.risk_score);
-        let name = if below > c.escalate_below() { "accept_risk_below" } else { "escalate_below" };
-        (Outcome::LowConfidence, format!("confidence {:.3} below {name} {below}", v.confidence))
+    } else if v.confidence < escalate_below {
+        let name = if escalate_below > c.escalate_below() { "accept_risk_below" } else { "escalate_below" };
+        (Outcome::LowConfidence, format!("confidence {:.3} below {name} {escalate_below}", v.confidence))
     } else {
         return Next::Accept { note: None };
     };

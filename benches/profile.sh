@@ -5,7 +5,7 @@
 #
 #   benches/profile.sh [RATE] [SECONDS]        (defaults: 200 requests/s, 20 s)
 #
-# Env: PROFILE_DATA / PROFILE_MAX_BYTES (the messages: tests/data/ood_short.jsonl up to 159 bytes,
+# Env: PROFILE_CONFIG (the server config, config/tiergate.toml), PROFILE_DATA / PROFILE_MAX_BYTES (the messages: tests/data/ood_short.jsonl up to 159 bytes,
 # as benches/e2e.sh's short set), PROFILE_FREQ (perf samples/s per CPU, 499).
 # Needs perf (Debian: linux-perf) and permission to profile another process (root, or
 # kernel.perf_event_paranoid <= 1). Run on an idle machine.
@@ -35,7 +35,7 @@ OPENLOOP="$(benches/bench_bin.sh openloop)"
 
 SERVER=""
 trap '[[ -n "$SERVER" ]] && kill $SERVER 2>/dev/null || true' EXIT
-start_tiergate config/tiergate.toml $PORT $ADMIN_PORT "$OUT/server.log"
+start_tiergate "${PROFILE_CONFIG:-config/tiergate.toml}" $PORT $ADMIN_PORT "$OUT/server.log"
 URL="http://127.0.0.1:$PORT/v1/classify"
 curl -sf -o /dev/null "$URL" -H 'content-type: application/json' -d '{"text":"warm up"}'
 

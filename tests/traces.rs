@@ -500,24 +500,27 @@ async fn with_the_exporter_down_no_request_fails_and_drops_are_counted() {
         assert_eq!(r.status, 200, "{:?}", r.body);
         assert!(r.headers.contains_key("traceresponse"));
     }
+    // The series is exported from the start (at 0): wait for the failed exports to count.
+    let export_failed = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("tiergate_trace_spans_dropped_total{reason=\"export_failed\"}"))
+            .unwrap_or_else(|| panic!("no export_failed series in:\n{metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
     let mut metrics = String::new();
     for _ in 0..200 {
         metrics = String::from_utf8_lossy(&common::send(addr, "GET", "/metrics", &[], "").await.body).into_owned();
-        if metrics.contains("tiergate_trace_spans_dropped_total{reason=\"export_failed\"}") {
+        if export_failed(&metrics) >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let dropped: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("tiergate_trace_spans_dropped_total{reason=\"export_failed\"}"))
-        .unwrap_or_else(|| panic!("no export_failed drops in:\n{metrics}"))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(dropped >= 1.0, "{dropped}");
+    assert!(export_failed(&metrics) >= 1.0, "no export_failed drops in:\n{metrics}");
     assert!(metrics.contains("tiergate_trace_spans_exported_total 0"), "nothing was exported");
 }
 

@@ -1,10 +1,14 @@
 //! [`Tracer`]: what every request's trace shares — the parent-based ratio sampler, span ids,
 //! the bounded export queue — and the export task that batches the queue into OTLP/HTTP
 //! (protobuf) requests with `opentelemetry-otlp`'s exporter. Drops are counted, never waited on.
+//!
+//! The queue is a locked buffer the export task drains on a timer (`scheduled_delay_ms`), or
+//! at once when a batch is full, as the OpenTelemetry SDK's batch span processor does: a
+//! finished trace never wakes the task by itself. (A channel woke it for every span, a thread
+//! wake-up per span on an idle runtime: most of what tracing cost per request.)
 
 use super::client::HyperClient;
 use super::{context, Inner, State, Trace, TracingConfig};
-use futures_util::FutureExt;
 use http::HeaderMap;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags};
 use opentelemetry::{Context, InstrumentationScope};
@@ -20,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 /// Why spans were dropped.
@@ -53,6 +57,10 @@ impl TraceMetrics {
             m.dropped.clone(),
         );
         registry.register("trace_queue_spans", "Trace spans waiting for export", m.queued.clone());
+        // Both reasons exported from the start (at 0), so a rate over them is never empty.
+        for reason in ["queue_full", "export_failed"] {
+            drop(m.dropped.get_or_create(&DropLabels { reason }));
+        }
         m
     }
 
@@ -66,7 +74,7 @@ pub(super) struct Shared {
     sampler: Sampler,
     ids: RandomIdGenerator,
     pub(super) scope: InstrumentationScope,
-    queue: mpsc::Sender<SpanData>,
+    queue: Arc<Queue>,
     /// Asks the export task to export what is queued and stop ([`Tracer::shutdown`]).
     flush: mpsc::Sender<oneshot::Sender<()>>,
     metrics: TraceMetrics,
@@ -77,16 +85,57 @@ impl Shared {
         self.ids.new_span_id()
     }
 
-    /// Queues a finished trace's spans without waiting; what does not fit is dropped and counted.
+    /// Queues a finished trace's spans without waiting; a trace that does not fit whole is
+    /// dropped whole (a partial trace would mislead) and counted.
     pub(super) fn submit(&self, spans: Vec<SpanData>) {
-        for span in spans {
-            match self.queue.try_send(span) {
-                Ok(()) => {
-                    self.metrics.queued.inc();
-                }
-                Err(_) => self.metrics.drop("queue_full", 1),
-            }
+        let n = spans.len();
+        if self.queue.push(spans) {
+            self.metrics.queued.inc_by(n as i64);
+        } else {
+            self.metrics.drop("queue_full", n);
         }
+    }
+}
+
+/// The export queue: spans of finished traces, at most `capacity`; `full` wakes the export
+/// task when a batch's worth is waiting.
+struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    capacity: usize,
+    batch: usize,
+    full: Notify,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SpanData>> {
+        self.spans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends `spans` if they all fit (false: nothing was queued).
+    fn push(&self, spans: Vec<SpanData>) -> bool {
+        let mut queued = self.lock();
+        let before = queued.len();
+        if before + spans.len() > self.capacity {
+            return false;
+        }
+        queued.extend(spans);
+        let filled = before < self.batch && queued.len() >= self.batch;
+        drop(queued);
+        if filled {
+            self.full.notify_one();
+        }
+        true
+    }
+
+    /// The oldest `max` spans at most.
+    fn take(&self, max: usize) -> Vec<SpanData> {
+        let mut queued = self.lock();
+        let n = queued.len().min(max);
+        queued.drain(..n).collect()
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
     }
 }
 
@@ -113,7 +162,12 @@ impl Tracer {
             .with_headers(config.headers.clone().into_iter().collect())
             .build()?;
         exporter.set_resource(&Resource::builder().with_service_name(config.service_name.clone()).build());
-        let (queue, rx) = mpsc::channel(config.max_queue_size);
+        let queue = Arc::new(Queue {
+            spans: Mutex::new(Vec::new()),
+            capacity: config.max_queue_size,
+            batch: config.max_export_batch_size,
+            full: Notify::new(),
+        });
         let (flush, flush_rx) = mpsc::channel(1);
         let batch = Batch {
             size: config.max_export_batch_size,
@@ -121,7 +175,7 @@ impl Tracer {
             timeout,
             endpoint: config.endpoint.clone(),
         };
-        tokio::spawn(export_loop(rx, flush_rx, exporter, batch, metrics.clone()));
+        tokio::spawn(export_loop(Arc::clone(&queue), flush_rx, exporter, batch, metrics.clone()));
         let shared = Shared {
             sampler: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling_ratio))),
             ids: RandomIdGenerator::default(),
@@ -189,11 +243,11 @@ struct Batch {
     endpoint: String,
 }
 
-/// Takes spans off the queue in batches of up to `size`, waiting at most `delay` for a batch
-/// to fill, and exports each. Ends when every sender is gone, or on a flush request (sent by
+/// Every `delay`, or as soon as a batch's worth is queued, exports what is queued in batches of
+/// up to `size`. Ends when every [`Tracer`] is gone, or on a flush request (sent by
 /// [`Tracer::shutdown`]): then what is queued is exported and the request answered.
 async fn export_loop(
-    mut rx: mpsc::Receiver<SpanData>,
+    queue: Arc<Queue>,
     mut flush: mpsc::Receiver<oneshot::Sender<()>>,
     exporter: opentelemetry_otlp::SpanExporter,
     batch: Batch,
@@ -201,32 +255,31 @@ async fn export_loop(
 ) {
     let mut out = Export { exporter, batch, metrics, warned: None };
     let size = out.batch.size;
-    let mut buf = Vec::with_capacity(size);
-    // `Some` once a flush was asked for (with whom to answer).
-    let mut stopping: Option<Option<oneshot::Sender<()>>> = None;
-    while stopping.is_none() {
+    loop {
+        // `Some` once a flush was asked for or every sender is gone (with whom to answer).
+        let mut stopping: Option<Option<oneshot::Sender<()>>> = None;
         tokio::select! {
-            received = rx.recv_many(&mut buf, size) => if received == 0 { return },
+            () = tokio::time::sleep(out.batch.delay) => {}
+            () = queue.full.notified() => {}
             done = flush.recv() => stopping = Some(done),
         }
-        let until = Instant::now() + out.batch.delay;
-        while stopping.is_none() && buf.len() < size {
-            let room = size - buf.len();
-            tokio::select! {
-                received = tokio::time::timeout_at(until, rx.recv_many(&mut buf, room)) => match received {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                },
-                done = flush.recv() => stopping = Some(done),
+        // On a tick, what was queued by then (a full batch waits for the next round); when
+        // stopping, everything.
+        let mut due = if stopping.is_some() { usize::MAX } else { queue.len() };
+        while due > 0 {
+            let spans = queue.take(size.min(due));
+            if spans.is_empty() {
+                break;
             }
+            due = due.saturating_sub(spans.len());
+            out.export(spans).await;
         }
-        out.export(std::mem::take(&mut buf)).await;
-    }
-    while rx.recv_many(&mut buf, size).now_or_never().unwrap_or(0) > 0 {
-        out.export(std::mem::take(&mut buf)).await;
-    }
-    if let Some(Some(done)) = stopping {
-        let _ = done.send(());
+        if let Some(done) = stopping {
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+            return;
+        }
     }
 }
 

@@ -67,6 +67,8 @@ pub struct Config {
     pub audit: Option<AuditConfig>,
     /// OpenTelemetry traces (`[tracing]`); off by default.
     pub tracing: TracingConfig,
+    /// `[features_model]`: the features model's directory; absent: none.
+    pub features_model: Option<crate::features_model::FeaturesModelConfig>,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             routes: Vec::new(),
             audit: None,
             tracing: TracingConfig::default(),
+            features_model: None,
         }
     }
 }
@@ -112,6 +115,9 @@ impl Config {
             m.onnxruntime = m.onnxruntime.take().map(|p| base.join(p));
         }
         config.ab.dir = config.ab.dir.map(|d| base.join(d));
+        if let Some(f) = &mut config.features_model {
+            f.dir = base.join(&f.dir);
+        }
         if let Some(audit) = &mut config.audit {
             audit.dir = base.join(&audit.dir);
             audit.key_file = audit.key_file.take().map(|p| base.join(p));
@@ -161,6 +167,7 @@ impl Config {
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
             tracing: &self.tracing,
+            features_model: self.features_model.as_ref(),
         }
     }
 

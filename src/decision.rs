@@ -146,6 +146,10 @@ pub struct Explain {
     /// largest first. Absent when the cpu model gave no score.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attributions: Vec<Attribution>,
+    /// Why the features model scored what it did: each feature's contribution (TreeSHAP or
+    /// occlusion). Absent when it did not score the request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub features_model: Option<crate::features_model::Contributions>,
 }
 
 /// One word's effect on the cpu model's risk score: `delta` = risk with the word minus risk

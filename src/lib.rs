@@ -20,6 +20,7 @@ pub mod config;
 pub mod decision;
 pub mod drift;
 pub mod error;
+pub mod features_model;
 pub mod gateway;
 pub mod ingress;
 pub mod malloc;

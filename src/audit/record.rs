@@ -76,6 +76,8 @@ pub enum RecordedTier {
     Gpu,
     Rules,
     Guard,
+    /// The features model raised the action (`[features_model] combine = "max"`).
+    Features,
     Unscreened,
 }
 
@@ -87,6 +89,7 @@ impl RecordedTier {
             RecordedTier::Gpu => "gpu",
             RecordedTier::Rules => "rules",
             RecordedTier::Guard => "guard",
+            RecordedTier::Features => "features",
             RecordedTier::Unscreened => "unscreened",
         }
     }
@@ -99,6 +102,7 @@ impl From<TierName> for RecordedTier {
             TierName::Gpu => RecordedTier::Gpu,
             TierName::Rules => RecordedTier::Rules,
             TierName::Guard => RecordedTier::Guard,
+            TierName::Features => RecordedTier::Features,
         }
     }
 }

@@ -30,6 +30,8 @@ use tokio::time::Instant;
 pub struct Recorded {
     pub cpu: Option<Result<ModelVerdict, TierError>>,
     pub gpu: Option<Result<ModelVerdict, TierError>>,
+    /// The features model's score (it never runs again for a replay).
+    pub features: Option<crate::features_model::Scored>,
 }
 
 /// The live tiers and where a live run records what it sees.
@@ -192,6 +194,9 @@ pub struct Inputs<'a> {
     pub req: &'a ClassifyRequest,
     pub snapshot: &'a LoadSnapshot,
     pub started: Instant,
+    /// The request's features, scored by the features model (`None`: no features model, or
+    /// none of its features in the request).
+    pub features: Option<&'a crate::features_model::Scored>,
 }
 
 impl Inputs<'_> {
@@ -249,6 +254,9 @@ pub async fn run(
     decision.overloaded = decision.tier == TierName::Rules
         && (start.cpu.as_ref().is_err_and(Ineligible::is_capacity)
             || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
+    if let Some(scored) = x.features {
+        super::features::combine(&mut decision, scored, &x.policy.features_model);
+    }
     let (span, before) = (tiers.trace().start("guards"), decision.path.len());
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);
     tiers.trace().end(span, || super::trace::guard_attributes(&decision, before), None);
@@ -259,6 +267,7 @@ pub async fn run(
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),
+        features_model: None,
     });
     Ok((decision, explain))
 }
@@ -413,7 +422,9 @@ impl Run<'_> {
     /// What the rules and guards see: the canonical text and its facts, the request's features
     /// and tenant, the model view.
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
-        self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model)
+        let mut input = self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model);
+        input.features_model = x.features.and_then(|f| f.score.as_ref().ok()).map(|s| s.risk);
+        input
     }
 
     /// The rules stage: never fails, never waits. A rule that errors is counted and logged.

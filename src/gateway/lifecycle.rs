@@ -65,6 +65,7 @@ impl Gateway {
             .as_ref()
             .map(|m| ShadowModel::start(env, m, config.shadow.share, shadow_log.clone(), metrics.registry_mut()))
             .transpose()?;
+        let features_model = load_features_model(config.features_model, env)?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
@@ -89,6 +90,7 @@ impl Gateway {
             audit,
             drift,
             tracer,
+            features_model,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;
@@ -253,4 +255,16 @@ mod tests {
         });
         assert!(outcome.is_ok(), "the chore blocked the runtime thread");
     }
+}
+
+/// `[features_model]`: the model loaded and checked, or `None` without the section.
+fn load_features_model(
+    config: Option<&crate::features_model::FeaturesModelConfig>,
+    env: &'static ort::environment::Environment,
+) -> anyhow::Result<Option<Arc<crate::features_model::FeaturesModel>>> {
+    let Some(f) = config else { return Ok(None) };
+    let model = crate::features_model::FeaturesModel::load(&f.dir, env)
+        .map_err(|e| anyhow::anyhow!("features model {}: {e:#}", f.dir.display()))?;
+    tracing::info!(name = %model.manifest.name, features = model.schema.features.len(), "features model loaded");
+    Ok(Some(Arc::new(model)))
 }

@@ -16,6 +16,7 @@ mod audit;
 pub mod cascade;
 mod config;
 mod explain;
+mod features;
 mod guard;
 mod lifecycle;
 pub mod shadow;
@@ -94,6 +95,8 @@ pub struct Gateway {
     pub audit: Option<Arc<crate::audit::Audit>>,
     /// `[tracing]`: every front door begins a request's trace with it (off: no-op traces).
     pub tracer: crate::trace::Tracer,
+    /// `[features_model]`: scores requests' `features` beside the text (`None`: none configured).
+    pub features_model: Option<Arc<crate::features_model::FeaturesModel>>,
 }
 
 impl Gateway {
@@ -227,6 +230,8 @@ impl Gateway {
         if let Some(s) = scenario {
             req.deadline = s.deadline_for(req.deadline, req.deadline_requested);
         }
+        // Bad features are the client's error: refused before they count against its rate.
+        let features = self.score_features(&req)?;
         let trace = req.trace.clone();
         let span = trace.start("admission");
         let admitted = self.admit(&req).await;
@@ -239,7 +244,7 @@ impl Gateway {
         {
             self.tenant_metrics.limited(&identity.state.label, why.limit_name());
         }
-        let recorded = Mutex::new(Recorded::default());
+        let recorded = Mutex::new(Recorded { features: features.clone(), ..Recorded::default() });
         let tiers = Tiers::Live(LiveTiers {
             cpu: &self.cpu,
             gpu: self.gpu.as_ref(),
@@ -248,7 +253,8 @@ impl Gateway {
             trace: &trace,
             tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
         });
-        let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
+        let inputs =
+            Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started, features: features.as_ref() };
         let assessed_at = std::time::SystemTime::now();
         let assessment = self.assess(&policy, &req, &snapshot);
         let canonical_span = trace::Canonical {
@@ -260,10 +266,8 @@ impl Gateway {
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, assessment, &tiers).await?;
-        if let (Some(e), Some(risk)) = (&mut explain, decision.path.first().and_then(|s| s.risk_score)) {
-            if decision.path[0].tier == TierName::Cpu {
-                e.attributions = self.attributions(&canonical, risk, std::time::Duration::from_secs(2)).await;
-            }
+        if let Some(e) = &mut explain {
+            self.explain_models(e, &decision, &canonical, features.as_ref()).await;
         }
         let mut decision = self.finish(decision, request_id, &policy, explain, started);
         decision.scenario = scenario.map(|s| s.name.clone());
@@ -289,6 +293,21 @@ impl Gateway {
             _ => None,
         };
         Ok((decision, shadow))
+    }
+
+    /// `explain`'s model parts: the cpu model's word attributions (when it gave the first
+    /// verdict) and the features model's contributions.
+    async fn explain_models(
+        &self,
+        e: &mut Explain,
+        decision: &Decision,
+        canonical: &Arc<str>,
+        features: Option<&crate::features_model::Scored>,
+    ) {
+        if let Some(risk) = decision.path.first().filter(|s| s.tier == TierName::Cpu).and_then(|s| s.risk_score) {
+            e.attributions = self.attributions(canonical, risk, std::time::Duration::from_secs(2)).await;
+        }
+        e.features_model = features.and_then(|scored| self.features_contributions(scored));
     }
 
     /// Tenant admission: the request's limit key (its known tenant, or the one key every unknown
@@ -382,6 +401,9 @@ impl Gateway {
             (TierName::Gpu, Some(info)) => info.name.clone(),
             (TierName::Gpu, None) => {
                 d.path.last().and_then(|s| s.endpoint.clone()).unwrap_or_else(|| "upstream".into())
+            }
+            (TierName::Features, _) if self.features_model.is_some() => {
+                self.features_model.as_ref().map(|m| m.manifest.name.clone()).unwrap_or_default()
             }
             _ => self.cpu.info().name.clone(),
         }

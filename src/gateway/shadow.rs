@@ -95,7 +95,14 @@ impl Shadow {
         let policy = self.policies.snapshot();
         // A candidate without the request's scenario has no decision to compare.
         let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
-        let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
+        let inputs = Inputs {
+            policy: &policy,
+            scenario,
+            req,
+            snapshot,
+            started: Instant::now(),
+            features: recorded.features.as_ref(),
+        };
         let (mut candidate, _) =
             cascade::run(&inputs, g.assess(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();

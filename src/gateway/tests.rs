@@ -86,7 +86,13 @@ async fn decide(
     cpu: Option<Result<ModelVerdict, TierError>>,
     gpu_answer: Option<Result<ModelVerdict, TierError>>,
 ) -> Result<Decision, ApiError> {
-    replay(policy, request(text, serde_json::json!({}), None), snapshot(gpu), Recorded { cpu, gpu: gpu_answer }).await
+    replay(
+        policy,
+        request(text, serde_json::json!({}), None),
+        snapshot(gpu),
+        Recorded { cpu, gpu: gpu_answer, features: None },
+    )
+    .await
 }
 
 fn request(text: &str, features: serde_json::Value, tenant: Option<&str>) -> ClassifyRequest {
@@ -122,7 +128,14 @@ async fn replay_in(
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         encoded: None,
     };
-    let inputs = Inputs { policy, scenario, req: &req, snapshot: &snapshot, started: Instant::now() };
+    let inputs = Inputs {
+        policy,
+        scenario,
+        req: &req,
+        snapshot: &snapshot,
+        started: Instant::now(),
+        features: recorded.features.as_ref(),
+    };
     cascade::run(&inputs, assessment, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)
 }
 
@@ -237,7 +250,7 @@ async fn decide_with(
     tenant: Option<&str>,
     cpu: f64,
 ) -> Decision {
-    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None };
+    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None };
     replay(policy, request(text, features, tenant), snapshot(false), recorded).await.unwrap()
 }
 
@@ -319,7 +332,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     );
     let req = |text: &str| request(text, serde_json::json!({}), None);
     // Confidence 0.7 is not below accept_below 0.7: the cpu verdict stands in every scenario.
-    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None };
+    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None, features: None };
     let (plain, payments, lenient) = (
         replay_in(&p, None, req("a text"), snapshot(false), stands()).await.unwrap(),
         replay_in(&p, Some("payments"), req("a text"), snapshot(false), stands()).await.unwrap(),
@@ -331,7 +344,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     assert_eq!(action(&payments), Action::Block, "block_at 0.6 there");
     assert_eq!(action(&lenient), Action::Review, "review_at 0.5 there");
     // An unsure verdict goes to rules; none may decide in `lenient`, so the default does.
-    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None };
+    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None, features: None };
     let all = replay_in(&p, None, req("your password please"), snapshot(false), unsure()).await.unwrap();
     assert_eq!(
         (all.tier, all.rule.as_deref(), all.action),

@@ -2,7 +2,7 @@
 //! ranges and required sections, compiling the rules.
 
 use super::scenario::{self, Limits, ScenarioSpec};
-use super::sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety};
+use super::sections::{ActionThresholds, Cascade, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety};
 use super::{Policy, PolicyError, PolicyProblem, PromptSpec};
 use crate::complexity::ComplexitySpec;
 use crate::rules::{self, DefaultVerdict, RuleClasses, RuleSpec, SignalSpec, SpecRef};
@@ -25,6 +25,7 @@ pub(super) struct PolicyFile {
     gpu: Option<GpuLimits>,
     prompt: Option<PromptSpec>,
     safety: Option<Safety>,
+    features_model: Option<FeaturesModelPolicy>,
     #[serde(default)]
     #[schemars(with = "BTreeMap<String, SignalSpec>")]
     signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
@@ -61,6 +62,7 @@ pub(super) struct Merged {
     gpu: Option<(PathBuf, GpuLimits)>,
     prompt: Option<(PathBuf, PromptSpec)>,
     safety: Option<(PathBuf, Safety)>,
+    features_model: Option<(PathBuf, FeaturesModelPolicy)>,
     signals: Vec<(PathBuf, usize, String, SignalSpec)>,
     rules: Vec<Located>,
     guards: Vec<Located>,
@@ -113,6 +115,7 @@ impl Merged {
             }
         }
         section(&mut self.safety, path, "safety", file.safety, problems);
+        section(&mut self.features_model, path, "features_model", file.features_model, problems);
         let located = |r: toml::Spanned<RuleSpec>| (path.to_path_buf(), line_of(r.span().start), r.into_inner());
         self.rules.extend(file.rules.into_iter().map(located));
         self.guards.extend(file.guards.into_iter().map(located));
@@ -137,15 +140,10 @@ impl Merged {
         }
         let at = |file: &Path, item: &str, message: String| PolicyProblem::in_file(file, Some(item.into()), message);
         if let Some((file, a)) = &self.actions {
-            check_unit(file, "actions.review_at", a.review_at, problems);
-            check_unit(file, "actions.block_at", a.block_at, problems);
-            if a.review_at > a.block_at {
-                problems.push(at(
-                    file,
-                    "actions",
-                    format!("review_at ({}) must not exceed block_at ({})", a.review_at, a.block_at),
-                ));
-            }
+            check_thresholds(file, "actions", a.review_at, a.block_at, problems);
+        }
+        if let Some((file, f)) = &self.features_model {
+            check_thresholds(file, "features_model", f.review_at, f.block_at, problems);
         }
         if let Some((file, c)) = &self.cascade {
             check_unit(file, "cascade.accept_below", c.accept_below, problems);
@@ -239,11 +237,22 @@ impl Merged {
                 gpu: self.gpu.map(|(_, g)| g).unwrap_or_default(),
                 prompt: self.prompt.map(|(_, p)| p),
                 safety: self.safety.map(|(_, s)| s).unwrap_or_default(),
+                features_model: self.features_model.map(|(_, f)| f).unwrap_or_default(),
                 rules,
                 scenarios,
             }),
             _ => Err(PolicyError(problems)),
         }
+    }
+}
+
+/// `review_at` and `block_at` of section `name`: each in [0, 1], review at or below block.
+fn check_thresholds(file: &Path, name: &str, review_at: f64, block_at: f64, problems: &mut Vec<PolicyProblem>) {
+    check_unit(file, &format!("{name}.review_at"), review_at, problems);
+    check_unit(file, &format!("{name}.block_at"), block_at, problems);
+    if review_at > block_at {
+        let message = format!("review_at ({review_at}) must not exceed block_at ({block_at})");
+        problems.push(PolicyProblem::in_file(file, Some(name.into()), message));
     }
 }
 

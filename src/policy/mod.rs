@@ -18,7 +18,10 @@ pub use crate::action::Action;
 pub use config::PoliciesConfig;
 pub use prompt::PromptSpec;
 pub use scenario::{Limits, Scenario, ScenarioSpec, UnknownScenario};
-pub use sections::{ActionThresholds, Cascade, CpuLimits, GpuLimits, Routing, Safety, UnknownSignal, WhenSaturated};
+pub use sections::{
+    ActionThresholds, Cascade, Combine, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety, UnknownSignal,
+    WhenSaturated,
+};
 pub use store::{PolicyStore, ReloadStatus};
 
 use crate::complexity::ComplexitySpec;
@@ -92,6 +95,8 @@ pub struct Policy {
     /// The prompt for an upstream gpu backend; required when one is configured.
     pub prompt: Option<PromptSpec>,
     pub safety: Safety,
+    /// `[features_model]`: how the features model's risk combines with the text's verdict.
+    pub features_model: FeaturesModelPolicy,
     /// Signals, rules, guards and the allow-list, compiled.
     pub rules: RuleSet,
     /// `[scenarios.NAME]`, resolved: what a request naming one is decided with.

@@ -1,4 +1,5 @@
-//! The routing sections of a policy file: `[actions]`, `[cascade]`, `[routing]`, `[cpu]`, `[gpu]`.
+//! The routing sections of a policy file: `[actions]`, `[cascade]`, `[routing]`, `[cpu]`, `[gpu]`,
+//! `[features_model]`.
 
 use crate::action::Action;
 use serde::Deserialize;
@@ -215,5 +216,41 @@ pub struct Safety {
 impl Default for Safety {
     fn default() -> Self {
         Safety { on_rule_error: Action::Review, allowlist_overrides_guards: false }
+    }
+}
+
+/// `[features_model]`: how the features model's calibrated risk (when the server has a features
+/// model and the request carries its features) combines with the text's verdict.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct FeaturesModelPolicy {
+    /// `max` (default): the decision's action is the higher of the text's and the features
+    /// model's own (its risk against `review_at`/`block_at`); `variable`: its risk is only the
+    /// rule and guard variable `features_model.risk`.
+    pub combine: Combine,
+    /// The features model's risk at or above which it asks for at least `review`.
+    pub review_at: f64,
+    /// The features model's risk at or above which it asks for `block`.
+    pub block_at: f64,
+}
+
+/// How a second model's verdict combines with the text's ([`FeaturesModelPolicy::combine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Combine {
+    Max,
+    Variable,
+}
+
+impl Default for FeaturesModelPolicy {
+    fn default() -> Self {
+        FeaturesModelPolicy { combine: Combine::Max, review_at: 0.5, block_at: 0.9 }
+    }
+}
+
+impl FeaturesModelPolicy {
+    /// The action the features model asks for at calibrated risk `risk` (pure).
+    pub fn action_for(&self, risk: f64) -> Action {
+        ActionThresholds { review_at: self.review_at, block_at: self.block_at }.action_for(risk)
     }
 }

@@ -218,6 +218,7 @@ fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<Stri
         features: &no_features,
         tenant: None,
         model: None,
+        features_model: None,
     };
     match program.execute(&context(env, &input)) {
         Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => None,

@@ -20,7 +20,9 @@
 //!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`,
 //!   `padded_han_chars` (Chinese characters padded apart with spaces or symbols, joined again);
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
-//!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
+//!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here;
+//! - `features_model`: map with `available` (bool) and, when the features model scored the
+//!   request's features, `risk` (double, calibrated).
 
 mod compile;
 mod read;
@@ -94,6 +96,8 @@ pub struct RulesInput<'a> {
     pub features: &'a serde_json::Map<String, serde_json::Value>,
     pub tenant: Option<&'a str>,
     pub model: Option<ModelView>,
+    /// The features model's calibrated risk, when it scored the request.
+    pub features_model: Option<f64>,
 }
 
 /// The rules' verdict.
@@ -264,6 +268,10 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
         }
     }
     ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
+    let features_model = std::iter::once(("available", Value::Bool(input.features_model.is_some())))
+        .chain(input.features_model.map(|risk| ("risk", Value::Float(risk))));
+    let features_model = features_model.map(|(k, v)| (Key::from(k), v)).collect::<HashMap<_, _>>();
+    ctx.add_variable_from_value("features_model", Value::Map(Map { map: Arc::new(features_model) }));
     ctx
 }
 
@@ -327,6 +335,7 @@ mod tests {
             features: &features,
             tenant: Some("acme"),
             model,
+            features_model: None,
         };
         p.rules.evaluate(&input)
     }
@@ -535,6 +544,7 @@ mod tests {
             features: &features,
             tenant: None,
             model: None,
+            features_model: None,
         };
         let guard = p.rules.guard(&input).matched.map(|(name, _, _)| name);
         assert_eq!(

@@ -49,6 +49,7 @@ impl TextFacts {
             features,
             tenant,
             model,
+            features_model: None,
         }
     }
 }

@@ -39,6 +39,8 @@ pub enum TierName {
     Rules,
     /// Guard rules and the allow-list, evaluated on every request after the cascade.
     Guard,
+    /// The features model (`[features_model]`): the request's `features`, scored beside the text.
+    Features,
 }
 
 impl TierName {
@@ -48,6 +50,7 @@ impl TierName {
             TierName::Gpu => "gpu",
             TierName::Rules => "rules",
             TierName::Guard => "guard",
+            TierName::Features => "features",
         }
     }
 }

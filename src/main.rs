@@ -117,6 +117,10 @@ enum Command {
     /// Model directories: `tiergate model pack` turns your own ONNX classifier, its
     /// tokenizer.json and a labelled validation JSONL into a directory the cpu tier serves.
     Model(cli::model::Args),
+    /// Features models: `tiergate features-model pack` turns your own ONNX model over
+    /// transaction features, its feature schema and a labelled validation CSV into a directory
+    /// `[features_model] dir` serves.
+    FeaturesModel(cli::features::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -158,6 +162,7 @@ fn main() -> std::process::ExitCode {
         Command::Audit(args) => cli::audit::run(args),
         Command::Drift(args) => cli::drift::run(args),
         Command::Model(args) => cli::model::run(args),
+        Command::FeaturesModel(args) => cli::features::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

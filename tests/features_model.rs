@@ -130,3 +130,49 @@ async fn missing_required_and_unusable_features_are_422_naming_them() {
     let d = classify_unhurried(server(), json!({"text": ORDINARY, "features": complete})).await;
     assert_eq!(d.status, 200, "the required four are enough: the rest take their missing values");
 }
+
+fn pack(validation: &std::path::Path, out: &std::path::Path, trees: bool) -> std::process::Output {
+    let bundled = repo().join("models/features");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
+    cmd.current_dir(repo()).args(["features-model", "pack", "--name", "team-model", "--schema"]);
+    cmd.arg(bundled.join("schema.toml")).arg("--onnx").arg(bundled.join("model.onnx"));
+    cmd.arg("--validation").arg(validation).arg("--out").arg(out);
+    if trees {
+        cmd.arg("--trees").arg(bundled.join("trees.json"));
+    }
+    cmd.output().unwrap()
+}
+
+#[tokio::test]
+async fn a_teams_own_model_is_packed_from_schema_onnx_and_a_validation_csv() {
+    let out = std::env::temp_dir().join(format!("tiergate-features-pack-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = pack(&repo().join("tests/data/features_validation.csv"), &out, false);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let said = String::from_utf8_lossy(&run.stdout);
+    assert!(said.contains("300 validation rows (60 risk)") && said.contains("AUC"), "{said}");
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!((manifest["name"].as_str(), manifest["output"].as_str()), (Some("team-model"), Some("margin")));
+    assert!(manifest["validation"]["auc"].as_f64().unwrap() > 0.8, "{manifest}");
+    assert!(std::fs::read_to_string(out.join("MODEL_CARD.md")).unwrap().contains("| `amount` | Number |"));
+
+    // Served: without trees.json the contributions are occlusion, and it still decides.
+    let mut c = config(&repo().join("policies"));
+    c.features_model = Some(tiergate::features_model::FeaturesModelConfig { dir: out.clone() });
+    let addr = common::start(c);
+    let features = &reference()[0]["features"];
+    let body = json!({"text": ORDINARY, "features": features}).to_string();
+    let r = send(addr, "POST", "/v1/classify?explain=true", &[("content-type", "application/json")], body).await;
+    let d = r.json();
+    assert_eq!(d["explain"]["features_model"]["method"], "occlusion", "{d}");
+    assert_eq!(d["model"], "team-model");
+
+    // Refused, with what is wrong: a CSV without a required column; an --out that is not empty.
+    let bad = out.with_extension("csv");
+    let csv = std::fs::read_to_string(repo().join("tests/data/features_validation.csv")).unwrap();
+    std::fs::write(&bad, csv.replacen("is_night", "night", 1)).unwrap();
+    let run = pack(&bad, &out.with_extension("bad"), false);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("no column for required feature(s) is_night"), "{run:?}");
+    let run = pack(&repo().join("tests/data/features_validation.csv"), &out, true);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("is not empty"), "{run:?}");
+}

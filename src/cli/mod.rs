@@ -4,5 +4,6 @@ pub mod agreement;
 pub mod audit;
 pub mod calibrate;
 pub mod drift;
+pub mod features;
 pub mod model;
 pub mod time;

@@ -15,7 +15,8 @@ last, and write models/features/:
   manifest.json     names, sha256 of every file, the metrics below
   MODEL_CARD.md     what the data is and what the numbers mean
 and tests/data/features_reference.json: rows of the test split with XGBoost's own SHAP values
-(`pred_contribs`), which tiergate's TreeSHAP must reproduce.
+(`pred_contribs`), which tiergate's TreeSHAP must reproduce; tests/data/features_validation.csv:
+300 labelled rows of the calibration split, what `tiergate features-model pack` is tested with.
 
     python3 models/recipe/features/train.py [--customers 2000] [--days 90] [--out models/features]
 """
@@ -236,6 +237,17 @@ def metrics(p, y):
     }
 
 
+def at_thresholds(p, y, review_at=0.5, block_at=0.9):
+    """What the bundled policy's [features_model] thresholds do on a split: share of rows, precision, recall."""
+    out = {}
+    for name, t in (("review_or_block", review_at), ("block", block_at)):
+        m = p >= t
+        out[name] = {"at": t, "share": round(float(m.mean()), 4),
+                     "precision": round(float(y[m].mean()) if m.any() else 0.0, 4),
+                     "recall": round(float(m[y == 1].mean()), 4)}
+    return out
+
+
 def sha256(path):
     return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 
@@ -249,6 +261,7 @@ def main():
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--out", default=str(ROOT / "models/features"))
     ap.add_argument("--reference", default=str(ROOT / "tests/data/features_reference.json"))
+    ap.add_argument("--validation-sample", default=str(ROOT / "tests/data/features_validation.csv"))
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -319,12 +332,17 @@ def main():
     pathlib.Path(args.reference).write_text(json.dumps(
         {"source": "XGBoost pred_contribs (exact TreeSHAP) on models/features", "rows": ref}, indent=1) + "\n")
 
+    frauds = calib[calib["label"] == 1].head(60)
+    sample = pd.concat([frauds, calib[calib["label"] == 0].sample(300 - len(frauds), random_state=args.seed)])
+    sample[NAMES + ["label"]].to_csv(args.validation_sample, index=False, float_format="%.6g")
+
     manifest = {
         "name": "risk-features-xgb-synccfd", "kind": "tree_ensemble", "input": "features", "output": "margin",
         "trees": len(trees), "max_depth": args.depth, "features": len(NAMES),
         "data": {"simulator": "synccfd 0.1.0", "customers": args.customers, "days": args.days, "seed": args.seed,
                  "train": int(len(train)), "calibration": int(len(calib)), "test": int(len(test))},
         "test": cal, "test_uncalibrated_ece": raw["ece"],
+        "test_at_policy_thresholds": at_thresholds(sigmoid(m_test / t), y_test),
         "sha256": {p: sha256(out / p) for p in ("model.onnx", "trees.json", "schema.toml", "calibration.json")},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

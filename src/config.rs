@@ -6,7 +6,7 @@
 
 use crate::audit::AuditConfig;
 use crate::drift::DriftConfig;
-use crate::gateway::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig};
+use crate::gateway::{AbConfig, AdmissionConfig, CacheConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
 use crate::proxy::config::{ProxyConfig, RouteConfig};
@@ -67,6 +67,8 @@ pub struct Config {
     pub audit: Option<AuditConfig>,
     /// OpenTelemetry traces (`[tracing]`); off by default.
     pub tracing: TracingConfig,
+    /// The verdict cache (`[cache]`); off by default.
+    pub cache: CacheConfig,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             routes: Vec::new(),
             audit: None,
             tracing: TracingConfig::default(),
+            cache: CacheConfig::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ impl Config {
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
             tracing: &self.tracing,
+            cache: &self.cache,
         }
     }
 
@@ -176,6 +180,7 @@ impl Config {
 
     fn check(&self) -> Result<(), String> {
         self.tracing.check()?;
+        self.cache.validate()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

@@ -32,6 +32,8 @@ pub struct GatewayConfig<'a> {
     pub audit: Option<&'a crate::audit::AuditConfig>,
     /// `[tracing]`: the gateway holds the tracer every front door begins a request's trace with.
     pub tracing: &'a crate::trace::TracingConfig,
+    /// `[cache]`: the verdict cache.
+    pub cache: &'a super::CacheConfig,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

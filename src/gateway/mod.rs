@@ -13,6 +13,7 @@
 
 pub mod ab;
 mod audit;
+pub mod cache;
 pub mod cascade;
 mod config;
 mod explain;
@@ -22,6 +23,7 @@ pub mod shadow;
 pub mod shadow_model;
 mod trace;
 
+pub use cache::CacheConfig;
 pub use cascade::TenantGate;
 pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
 
@@ -94,6 +96,8 @@ pub struct Gateway {
     pub audit: Option<Arc<crate::audit::Audit>>,
     /// `[tracing]`: every front door begins a request's trace with it (off: no-op traces).
     pub tracer: crate::trace::Tracer,
+    /// `[cache]`: the model tiers' verdicts for exact repeats (`None`: off).
+    pub verdicts: Option<cache::VerdictCache>,
 }
 
 impl Gateway {
@@ -165,7 +169,7 @@ impl Gateway {
     /// policy configured, a share of requests is also decided by the candidate, which never
     /// changes the answer (see [`Gateway::compare`]).
     pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
-        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false).await?;
+        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false, None).await?;
         Ok(decision)
     }
 
@@ -182,7 +186,7 @@ impl Gateway {
         let Some(ab) = &self.ab else { return self.classify(req, request_id).await };
         let arm = ab.arm(&req, headers);
         let store = if arm == Arm::Candidate { &ab.policies } else { &self.policies };
-        let result = self.classify_and_shadow(store, req, request_id, false).await.map(|(mut d, _)| {
+        let result = self.classify_and_shadow(store, req, request_id, false, Some(arm)).await.map(|(mut d, _)| {
             d.arm = Some(arm);
             d
         });
@@ -198,7 +202,7 @@ impl Gateway {
         req: ClassifyRequest,
         request_id: String,
     ) -> Result<Decision, ApiError> {
-        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false).await?;
+        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false, None).await?;
         Ok(decision)
     }
 
@@ -209,7 +213,7 @@ impl Gateway {
         req: ClassifyRequest,
         request_id: String,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
-        self.classify_and_shadow(&self.policies, req, request_id, true).await
+        self.classify_and_shadow(&self.policies, req, request_id, true, None).await
     }
 
     async fn classify_and_shadow(
@@ -218,6 +222,7 @@ impl Gateway {
         mut req: ClassifyRequest,
         request_id: String,
         always_shadow: bool,
+        arm: Option<Arm>,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
         let policy = store.snapshot();
@@ -240,14 +245,6 @@ impl Gateway {
             self.tenant_metrics.limited(&identity.state.label, why.limit_name());
         }
         let recorded = Mutex::new(Recorded::default());
-        let tiers = Tiers::Live(LiveTiers {
-            cpu: &self.cpu,
-            gpu: self.gpu.as_ref(),
-            metrics: &self.metrics,
-            recorded: &recorded,
-            trace: &trace,
-            tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
-        });
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
         let assessed_at = std::time::SystemTime::now();
         let assessment = self.assess(&policy, &req, &snapshot);
@@ -256,6 +253,15 @@ impl Gateway {
             end: std::time::SystemTime::now(),
             complexity: assessment.complexity.score,
         };
+        let tiers = Tiers::Live(LiveTiers {
+            cpu: &self.cpu,
+            gpu: self.gpu.as_ref(),
+            metrics: &self.metrics,
+            recorded: &recorded,
+            trace: &trace,
+            tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
+            cache: self.cache_scope(&inputs, &assessment.facts.text, &identity, store, arm),
+        });
         let canonical = Arc::clone(&assessment.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
@@ -289,6 +295,30 @@ impl Gateway {
             _ => None,
         };
         Ok((decision, shadow))
+    }
+
+    /// This request's key in the verdict cache, when there is one: everything a model verdict
+    /// depends on ([`cache::key::Scope`]).
+    fn cache_scope(
+        &self,
+        x: &Inputs<'_>,
+        canonical: &str,
+        identity: &Identity,
+        store: &PolicyStore,
+        arm: Option<Arm>,
+    ) -> Option<cache::Cached<'_>> {
+        let cache = self.verdicts.as_ref()?;
+        Some(cache.scope(cache::key::Scope {
+            text: canonical,
+            features: &x.req.features,
+            tenant: x.req.tenant.as_deref(),
+            limit_key: &identity.state.label,
+            scenario: x.scenario.map(|s| s.name.as_str()),
+            route_policy: store.dir(),
+            arm,
+            policy_version: &x.policy.version,
+            models: "",
+        }))
     }
 
     /// Tenant admission: the request's limit key (its known tenant, or the one key every unknown

@@ -67,10 +67,7 @@ impl Gateway {
             .transpose()?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
-        let verdicts = config.cache.enabled.then(|| {
-            let models = super::cache::model_digests(&cpu, gpu.as_ref());
-            super::cache::VerdictCache::new(config.cache, models, metrics.registry_mut())
-        });
+        let verdicts = super::cache::VerdictCache::start(config.cache, &cpu, gpu.as_ref(), metrics.registry_mut());
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,

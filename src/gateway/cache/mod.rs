@@ -181,6 +181,16 @@ impl VerdictCache {
         VerdictCache { entries, ttl: Duration::from_millis(config.ttl_ms), secret: Secret::random(), models, metrics }
     }
 
+    /// The gateway's cache when `config` turns it on, keyed to these models.
+    pub fn start(
+        config: &CacheConfig,
+        cpu: &crate::tier::onnx::OnnxPool,
+        gpu: Option<&crate::tier::gpu::GpuTier>,
+        registry: &mut Registry,
+    ) -> Option<VerdictCache> {
+        config.enabled.then(|| VerdictCache::new(config, model_digests(cpu, gpu), registry))
+    }
+
     /// The key base of one request, `scope` with its `models` left empty: the cache fills them.
     pub fn scope(&self, scope: Scope<'_>) -> Cached<'_> {
         let base = KeyBase::new(&self.secret, &Scope { models: &self.models, ..scope });
@@ -271,7 +281,7 @@ impl Cached<'_> {
 /// The models every key carries: the cpu model's manifest digest and the gpu backend's (its
 /// manifest digest; for a backend without one, such as model servers, its name — a model changed
 /// on the servers is not seen here, and `ttl_ms` bounds how long a verdict outlives it).
-pub fn model_digests(cpu: &crate::tier::onnx::OnnxPool, gpu: Option<&crate::tier::gpu::GpuTier>) -> String {
+fn model_digests(cpu: &crate::tier::onnx::OnnxPool, gpu: Option<&crate::tier::gpu::GpuTier>) -> String {
     let gpu = match gpu {
         None => "none".to_string(),
         Some(g) => g.model_info().map_or_else(|| format!("backend {}", g.name()), |i| i.manifest_sha256.clone()),

@@ -16,6 +16,7 @@ use crate::rules::{ModelView, RulesInput, TextFacts};
 use crate::select::{Fallback, Ineligible, LoadSnapshot, Recovery, Route, Router, Stage, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
+use crate::text::LanguageCell;
 use crate::tier::gpu::GpuTier;
 use crate::tier::windows::Encoded;
 use crate::tier::{ModelTier, ModelVerdict, Prepared, TierError, TierInput};
@@ -107,10 +108,11 @@ impl LiveTiers<'_> {
         &self,
         tier: TierName,
         deadline: Instant,
+        lang: Option<&LanguageCell>,
         call: impl std::future::Future<Output = Result<ModelVerdict, TierError>>,
     ) -> Answer {
         let (r, cached) = match &self.cache {
-            Some(cache) => cache.through(tier, deadline, call).await,
+            Some(cache) => cache.through(tier, deadline, lang, call).await,
             None => (call.await, false),
         };
         let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
@@ -151,13 +153,14 @@ impl Tiers<'_> {
     async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Answer {
         match self {
             Tiers::Live(live) => {
+                let lang = prepared.lang.clone();
                 let call = async {
                     let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
                     let r = live.cpu.classify(input, deadline).await;
                     live.observe_batch(TierName::Cpu, &r);
                     r
                 };
-                live.through(TierName::Cpu, deadline, call).await
+                live.through(TierName::Cpu, deadline, lang.as_ref(), call).await
             }
             Tiers::Replay(rec) => {
                 (rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
@@ -186,7 +189,7 @@ impl Tiers<'_> {
                     live.observe_batch(TierName::Gpu, &r);
                     r
                 };
-                live.through(TierName::Gpu, deadline, call).await
+                live.through(TierName::Gpu, deadline, None, call).await
             }
             Tiers::Replay(rec) => {
                 (rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)

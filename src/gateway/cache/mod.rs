@@ -28,6 +28,7 @@ mod tests;
 
 use crate::decision::TierName;
 use crate::metrics::ReasonLabels;
+use crate::text::{Language, LanguageCell};
 use crate::tier::{ModelVerdict, TierError};
 use key::{Key, KeyBase, Scope, Secret};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -124,10 +125,12 @@ impl CacheMetrics {
     }
 }
 
-/// A stored verdict and when it was stored.
+/// A stored verdict, the language its tier detected (the cpu worker detects it beside
+/// tokenisation: a hit then need not detect it on the async runtime), and when it was stored.
 #[derive(Clone)]
 struct Entry {
     verdict: ModelVerdict,
+    lang: Option<Language>,
     stored: Instant,
 }
 
@@ -158,7 +161,7 @@ pub struct VerdictCache {
 /// How a lookup ended.
 enum Lookup<'a> {
     /// A verdict to reuse: stored, or just given to the request this one waited for.
-    Hit(ModelVerdict),
+    Hit(Entry),
     /// No verdict and none in flight: this request calls the model; waiters wait on the guard.
     Lead(quick_cache::sync::PlaceholderGuard<'a, Key, Entry, UnitWeighter, DefaultHashBuilder, Evictions>),
     /// The deadline passed while waiting for the call in flight.
@@ -208,10 +211,10 @@ impl VerdictCache {
     }
 
     /// A stored verdict younger than the TTL; an older one is removed (counted `expired`).
-    fn fresh(&self, key: &Key) -> Option<ModelVerdict> {
+    fn fresh(&self, key: &Key) -> Option<Entry> {
         let entry = self.entries.get(key)?;
         if entry.stored.elapsed() < self.ttl {
-            return Some(entry.verdict);
+            return Some(entry);
         }
         if self.entries.remove_if(key, |e| e.stored == entry.stored).is_some() {
             self.metrics.evicted("expired");
@@ -221,15 +224,15 @@ impl VerdictCache {
     }
 
     async fn lookup(&self, key: &Key, tier: TierName, deadline: Instant) -> Lookup<'_> {
-        if let Some(v) = self.fresh(key) {
+        if let Some(entry) = self.fresh(key) {
             self.metrics.lookup(tier, "hit");
-            return Lookup::Hit(v);
+            return Lookup::Hit(entry);
         }
         let waited = Instant::now();
         match tokio::time::timeout_at(deadline, self.entries.get_value_or_guard_async(key)).await {
             Ok(Ok(entry)) => {
                 self.metrics.lookup(tier, "coalesced");
-                Lookup::Hit(entry.verdict)
+                Lookup::Hit(entry)
             }
             Ok(Err(guard)) => {
                 self.metrics.lookup(tier, "miss");
@@ -252,23 +255,31 @@ pub struct Cached<'a> {
 impl Cached<'_> {
     /// `tier`'s verdict for this request: reused when stored, awaited when an identical request
     /// is calling the model now (until `deadline`), else `call`ed and, when the tier gave a
-    /// verdict, stored. Returns the result and whether it was reused (`true`: no model call).
+    /// verdict, stored with the language in `lang` (the canonical text's cell, which a reused
+    /// verdict fills). Returns the result and whether it was reused (`true`: no model call).
     pub async fn through(
         &self,
         tier: TierName,
         deadline: Instant,
+        lang: Option<&LanguageCell>,
         call: impl Future<Output = Result<ModelVerdict, TierError>>,
     ) -> (Result<ModelVerdict, TierError>, bool) {
         let key = self.base.key(tier);
         let guard = match self.cache.lookup(&key, tier, deadline).await {
-            Lookup::Hit(v) => return (Ok(v), true),
+            Lookup::Hit(entry) => {
+                if let (Some(cell), Some(known)) = (lang, entry.lang) {
+                    cell.fill(known);
+                }
+                return (Ok(entry.verdict), true);
+            }
             Lookup::Late(e) => return (Err(e), false),
             Lookup::Lead(guard) => guard,
         };
         // A failure drops the guard unfilled: the next waiter calls the model itself.
         let result = call.await;
         if let Ok(v) = &result {
-            let entry = Entry { verdict: v.clone(), stored: Instant::now() };
+            let entry =
+                Entry { verdict: v.clone(), lang: lang.and_then(|c| c.peek().copied()), stored: Instant::now() };
             if guard.insert(entry).is_ok() {
                 self.cache.metrics.insertions.get_or_create(&InsertLabels { tier: tier.as_str() }).inc();
             }

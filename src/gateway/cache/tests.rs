@@ -4,6 +4,7 @@
 use super::key::{KeyBase, Scope, Secret};
 use super::{CacheConfig, VerdictCache};
 use crate::decision::{Arm, TierName};
+use crate::text::LanguageCell;
 use crate::tier::{ModelVerdict, TierError};
 use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
@@ -135,19 +136,20 @@ async fn a_verdict_is_reused_and_a_failure_never_is() {
     for failure in failures {
         let before = calls.load(Ordering::SeqCst);
         let (r, cached) =
-            scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Err(failure.clone()))).await;
+            scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Err(failure.clone()))).await;
         assert!(r.is_err() && !cached, "{failure}: the failure itself is returned, not reused");
         assert_eq!(calls.load(Ordering::SeqCst), before + 1);
     }
     assert!(cache.is_empty(), "no failure was stored");
     let (first, cached) =
-        scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await;
+        scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await;
     assert_eq!((first.unwrap().risk_score, cached), (0.9, false));
     let (again, cached) =
-        scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.1)))).await;
+        scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.1)))).await;
     assert_eq!((again.unwrap().risk_score, cached), (0.9, true), "the stored verdict, without a call");
     assert_eq!(calls.load(Ordering::SeqCst), 7);
-    let (gpu, cached) = scoped.through(TierName::Gpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.2)))).await;
+    let (gpu, cached) =
+        scoped.through(TierName::Gpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.2)))).await;
     assert_eq!((gpu.unwrap().risk_score, cached), (0.2, false), "the gpu tier has its own entry");
 }
 
@@ -157,11 +159,12 @@ async fn an_entry_expires_after_its_ttl() {
     let f = Map::new();
     let calls = AtomicUsize::new(0);
     let scoped = cache.scope(scope(&f));
-    let _ = scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await;
+    let _ = scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await;
     tokio::time::advance(Duration::from_millis(999)).await;
-    assert!(scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await.1);
+    assert!(scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.9)))).await.1);
     tokio::time::advance(Duration::from_millis(2)).await;
-    let (_, cached) = scoped.through(TierName::Cpu, deadline(), call(&calls, Duration::ZERO, Ok(verdict(0.8)))).await;
+    let (_, cached) =
+        scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.8)))).await;
     assert!(!cached, "past the TTL the model is called again");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -180,7 +183,7 @@ async fn wave(
         tasks.push(tokio::spawn(async move {
             let f = Map::new();
             let scoped = cache.scope(scope(&f));
-            scoped.through(TierName::Cpu, deadline, call(&calls, Duration::from_millis(50), answer)).await
+            scoped.through(TierName::Cpu, deadline, None, call(&calls, Duration::from_millis(50), answer)).await
         }));
     }
     let mut out = Vec::new();
@@ -218,6 +221,39 @@ async fn a_waiter_does_not_inherit_a_failure_and_leaves_at_its_deadline() {
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the failed call, then one more for everyone left");
     let served = results[2..].iter().filter(|(r, _)| r.as_ref().is_ok_and(|v| v.risk_score == 0.3)).count();
     assert_eq!(served, 18);
+}
+
+#[tokio::test]
+async fn a_reused_verdict_brings_the_language_its_worker_detected() {
+    let (cache, _registry) = cache(60_000);
+    let f = Map::new();
+    let calls = AtomicUsize::new(0);
+    let scoped = cache.scope(scope(&f));
+    let first = LanguageCell::new(Arc::from("Are we still on for lunch tomorrow at noon? I booked the usual place."));
+    let english = *first.get(); // what the cpu worker detects beside tokenisation
+    let _ =
+        scoped.through(TierName::Cpu, deadline(), Some(&first), call(&calls, Duration::ZERO, Ok(verdict(0.1)))).await;
+    // A cell whose own text would detect as French: filled from the entry, never detected.
+    let second = LanguageCell::new(Arc::from("Nous sommes toujours d'accord pour le déjeuner de demain à midi ?"));
+    let (_, cached) =
+        scoped.through(TierName::Cpu, deadline(), Some(&second), call(&calls, Duration::ZERO, Ok(verdict(0.1)))).await;
+    assert!(cached);
+    assert_eq!(second.peek(), Some(&english));
+    assert_eq!(english.code, "eng");
+}
+
+#[test]
+fn the_bundled_config_holds_the_defaults_and_bad_values_name_their_key() {
+    let bundled = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/tiergate.toml")).unwrap();
+    let c = crate::config::Config::parse(&bundled).unwrap().cache;
+    let d = CacheConfig::default();
+    assert_eq!((c.enabled, c.max_entries, c.ttl_ms), (d.enabled, d.max_entries, d.ttl_ms));
+    let zero = crate::config::Config::parse("[cache]\nenabled = true\nmax_entries = 0\n").unwrap();
+    assert!(zero.validate().unwrap_err().to_string().contains("`cache.max_entries` must be at least 1"));
+    let typo = crate::config::Config::parse("[cache]\nttl = 5\n").unwrap_err().to_string();
+    assert!(typo.contains("cache") && typo.contains("ttl"), "{typo}");
+    let long = crate::config::Config::parse("[cache]\nttl_ms = 100000000\n").unwrap_err().to_string();
+    assert!(long.contains("cache.ttl_ms"), "{long}");
 }
 
 #[test]

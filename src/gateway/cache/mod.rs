@@ -16,7 +16,7 @@
 //! of them calls the model in turn. A waiter honours its own deadline: past it, it leaves with
 //! [`TierError::DeadlineExceeded`] like a model call that did not answer in time.
 //!
-//! Bounded: at most `max_entries` entries (quick_cache's CLOCK-Pro-like eviction, sharded), each
+//! Bounded: at most `max_entries` entries (quick_cache's S3-FIFO eviction, scan resistant, sharded), each
 //! at most `ttl_ms` old when used. Metrics: `tiergate_verdict_cache_lookups_total{tier,result}`
 //! (`hit`, `coalesced`: waited for a call in flight, `miss`: called the model, `timeout`: the
 //! deadline passed while waiting), `..._insertions_total{tier}`, `..._evictions_total{reason}`

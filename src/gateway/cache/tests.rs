@@ -224,6 +224,23 @@ async fn a_waiter_does_not_inherit_a_failure_and_leaves_at_its_deadline() {
 }
 
 #[tokio::test]
+async fn the_cache_stays_within_max_entries_and_counts_what_it_evicts() {
+    let mut registry = Registry::default();
+    let config = CacheConfig { enabled: true, max_entries: 64, ttl_ms: 60_000 };
+    let cache = VerdictCache::new(&config, "cpu:test".into(), &mut registry);
+    let (f, calls) = (Map::new(), AtomicUsize::new(0));
+    for i in 0..1000 {
+        let text = format!("message number {i}");
+        let scoped = cache.scope(Scope { text: &text, ..scope(&f) });
+        let _ = scoped.through(TierName::Cpu, deadline(), None, call(&calls, Duration::ZERO, Ok(verdict(0.5)))).await;
+    }
+    let evicted = cache.metrics.evictions.get_or_create(&crate::metrics::ReasonLabels { reason: "capacity" }).get();
+    assert!(cache.len() <= 64, "{} entries", cache.len());
+    assert_eq!(evicted as usize + cache.len(), 1000, "every insertion is still there or counted evicted");
+    assert_eq!(cache.metrics.entries.get(), cache.len() as i64);
+}
+
+#[tokio::test]
 async fn a_reused_verdict_brings_the_language_its_worker_detected() {
     let (cache, _registry) = cache(60_000);
     let f = Map::new();

@@ -6,7 +6,7 @@
 
 use crate::audit::AuditConfig;
 use crate::drift::DriftConfig;
-use crate::gateway::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig};
+use crate::gateway::{AbConfig, AdmissionConfig, CacheConfig, GatewayConfig, ShadowConfig};
 use crate::ingress::AdminConfig;
 use crate::policy::PoliciesConfig;
 use crate::proxy::config::{ProxyConfig, RouteConfig};
@@ -69,6 +69,8 @@ pub struct Config {
     pub tracing: TracingConfig,
     /// `[features_model]`: the features model's directory; absent: none.
     pub features_model: Option<crate::features_model::FeaturesModelConfig>,
+    /// The verdict cache (`[cache]`); off by default.
+    pub cache: CacheConfig,
 }
 
 impl Default for Config {
@@ -90,6 +92,7 @@ impl Default for Config {
             audit: None,
             tracing: TracingConfig::default(),
             features_model: None,
+            cache: CacheConfig::default(),
         }
     }
 }
@@ -168,6 +171,7 @@ impl Config {
             audit: self.audit.as_ref(),
             tracing: &self.tracing,
             features_model: self.features_model.as_ref(),
+            cache: &self.cache,
         }
     }
 
@@ -183,6 +187,7 @@ impl Config {
 
     fn check(&self) -> Result<(), String> {
         self.tracing.check()?;
+        self.cache.validate()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

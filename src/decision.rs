@@ -46,6 +46,10 @@ pub struct Step {
     /// For a text read in several windows, the one that decided (the riskiest).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<crate::tier::WindowRef>,
+    /// The model tier's verdict came from the verdict cache (`[cache]`): an earlier request with
+    /// the same key paid the model call, or one in flight did (single flight). Omitted when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cached: bool,
     pub latency_us: u64,
 }
 
@@ -61,6 +65,7 @@ impl Step {
             rule: None,
             endpoint: None,
             window: None,
+            cached: false,
             latency_us,
         }
     }

@@ -16,6 +16,7 @@ use crate::rules::{ModelView, RulesInput, TextFacts};
 use crate::select::{Fallback, Ineligible, LoadSnapshot, Recovery, Route, Router, Stage, Start};
 use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::{fair_share_slots, GpuSlot, Identity, Limit, QuotaStore};
+use crate::text::LanguageCell;
 use crate::tier::gpu::GpuTier;
 use crate::tier::windows::Encoded;
 use crate::tier::{ModelTier, ModelVerdict, Prepared, TierError, TierInput};
@@ -44,6 +45,8 @@ pub struct LiveTiers<'a> {
     pub tenant: TenantGate<'a>,
     /// The request's trace: a span per stage.
     pub trace: &'a Trace,
+    /// The verdict cache under this request's key (`[cache]`; `None`: off).
+    pub cache: Option<super::cache::Cached<'a>>,
 }
 
 /// The tenant limits a live gpu call passes: a slot of the tenant's fair share (taken
@@ -100,7 +103,28 @@ impl LiveTiers<'_> {
             self.metrics.batch_size.get_or_create(&TierLabels { tier: tier.as_str() }).observe(v.batch_size as f64);
         }
     }
+
+    /// `tier`'s verdict through the verdict cache when there is one, else `call`ed; `true` with
+    /// a reused verdict (no model call). Recorded for a shadow replay either way.
+    async fn through(
+        &self,
+        tier: TierName,
+        deadline: Instant,
+        lang: Option<&LanguageCell>,
+        call: impl std::future::Future<Output = Result<ModelVerdict, TierError>>,
+    ) -> Answer {
+        let (r, cached) = match &self.cache {
+            Some(cache) => cache.through(tier, deadline, lang, call).await,
+            None => (call.await, false),
+        };
+        let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        *(if tier == TierName::Gpu { &mut recorded.gpu } else { &mut recorded.cpu }) = Some(r.clone());
+        (r, cached)
+    }
 }
+
+/// A model tier's result, and whether it was reused from the verdict cache.
+type Answer = (Result<ModelVerdict, TierError>, bool);
 
 /// Where a cascade's tier verdicts come from.
 pub enum Tiers<'a> {
@@ -128,16 +152,21 @@ impl Tiers<'_> {
         }
     }
 
-    async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Result<ModelVerdict, TierError> {
+    async fn cpu(&self, text: &Arc<str>, prepared: Prepared, deadline: Instant) -> Answer {
         match self {
             Tiers::Live(live) => {
-                let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
-                let r = live.cpu.classify(input, deadline).await;
-                live.observe_batch(TierName::Cpu, &r);
-                live.recorded.lock().unwrap_or_else(|e| e.into_inner()).cpu = Some(r.clone());
-                r
+                let lang = prepared.lang.clone();
+                let call = async {
+                    let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
+                    let r = live.cpu.classify(input, deadline).await;
+                    live.observe_batch(TierName::Cpu, &r);
+                    r
+                };
+                live.through(TierName::Cpu, deadline, lang.as_ref(), call).await
             }
-            Tiers::Replay(rec) => rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+            Tiers::Replay(rec) => {
+                (rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
+            }
         }
     }
 
@@ -147,26 +176,33 @@ impl Tiers<'_> {
         text: &Arc<str>,
         deadline: Instant,
         context: opentelemetry::Context,
-    ) -> Result<ModelVerdict, TierError> {
+    ) -> Answer {
         match self {
             Tiers::Live(live) => {
                 let Some(gpu) = live.gpu else {
-                    return Err(TierError::Unavailable("no gpu tier configured".into()));
+                    return (Err(TierError::Unavailable("no gpu tier configured".into())), false);
                 };
-                let _slot = live.tenant.enter_gpu(policy).await?;
-                // The model server's request carries the gpu span's context (`inject_current`).
-                let r = gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).with_context(context).await;
-                live.observe_batch(TierName::Gpu, &r);
-                live.recorded.lock().unwrap_or_else(|e| e.into_inner()).gpu = Some(r.clone());
-                r
+                // A reused verdict takes no gpu slot and nothing from the tenant's daily budget.
+                let call = async {
+                    let _slot = live.tenant.enter_gpu(policy).await?;
+                    // The model server's request carries the gpu span's context (`inject_current`).
+                    let r =
+                        gpu.classify(policy.prompt.as_ref(), Arc::clone(text), deadline).with_context(context).await;
+                    live.observe_batch(TierName::Gpu, &r);
+                    r
+                };
+                live.through(TierName::Gpu, deadline, None, call).await
             }
-            Tiers::Replay(rec) => rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))),
+            Tiers::Replay(rec) => {
+                (rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
+            }
         }
     }
 
-    /// Time spent in a stage, as the request saw it (queue included), into the histogram.
-    fn observe(&self, tier: TierName, us: u64) {
-        if let Some(m) = self.metrics() {
+    /// Time spent in a stage, as the request saw it (queue included), into the histogram; a
+    /// verdict reused from the cache is not a model call and is counted by the cache instead.
+    fn observe(&self, tier: TierName, us: u64, cached: bool) {
+        if let Some(m) = self.metrics().filter(|_| !cached) {
             m.tier_latency.get_or_create(&TierLabels { tier: tier.as_str() }).observe(us as f64 / 1e6);
         }
     }
@@ -293,14 +329,15 @@ impl Run<'_> {
         let t = Instant::now();
         let prepared =
             Prepared { encoded: self.assessment.encoded.take(), lang: Some(self.assessment.facts.lang.clone()) };
-        let result = tiers.cpu(&self.assessment.facts.text, prepared, x.deadline()).await;
+        let (result, cached) = tiers.cpu(&self.assessment.facts.text, prepared, x.deadline()).await;
         let us = t.elapsed().as_micros() as u64;
-        tiers.observe(TierName::Cpu, us);
+        tiers.observe(TierName::Cpu, us, cached);
         if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
             self.assessment.complexity = self.assessment.complexity.with_ood(&x.policy.complexity, ood);
         }
         let before = self.path.len();
         let then = self.follow(TierName::Cpu, result, us, x);
+        self.mark_cached(before, cached);
         super::trace::end_tier(tiers.trace(), span, TierName::Cpu, &self.path[before..]);
         then
     }
@@ -309,13 +346,21 @@ impl Run<'_> {
         let span = tiers.trace().start("tier gpu");
         let context = tiers.trace().otel_context(&span);
         let t = Instant::now();
-        let result = tiers.gpu(x.policy, &self.assessment.facts.text, x.deadline(), context).await;
+        let (result, cached) = tiers.gpu(x.policy, &self.assessment.facts.text, x.deadline(), context).await;
         let us = t.elapsed().as_micros() as u64;
-        tiers.observe(TierName::Gpu, us);
+        tiers.observe(TierName::Gpu, us, cached);
         let before = self.path.len();
         let then = self.follow(TierName::Gpu, result, us, x);
+        self.mark_cached(before, cached);
         super::trace::end_tier(tiers.trace(), span, TierName::Gpu, &self.path[before..]);
         then
+    }
+
+    /// Marks the tier's step (the first written since `before`) as reused from the verdict cache.
+    fn mark_cached(&mut self, before: usize, cached: bool) {
+        if let Some(step) = self.path.get_mut(before).filter(|_| cached) {
+            step.cached = true;
+        }
     }
 
     /// Asks the router what follows `tier`'s `result` (the one routing question per stage) and
@@ -444,7 +489,7 @@ impl Run<'_> {
                 tracing::warn!(%rule, %error, "rule evaluation failed; counted as no match");
             }
         }
-        tiers.observe(TierName::Rules, us);
+        tiers.observe(TierName::Rules, us, false);
         let outcome = if verdict.rule.is_some() { Outcome::Matched } else { Outcome::Default };
         let mut step = Step::new(TierName::Rules, outcome, us);
         step.risk_score = Some(verdict.risk_score);

@@ -34,6 +34,8 @@ pub struct GatewayConfig<'a> {
     pub tracing: &'a crate::trace::TracingConfig,
     /// `[features_model]`: the features model's directory, when there is one.
     pub features_model: Option<&'a crate::features_model::FeaturesModelConfig>,
+    /// `[cache]`: the verdict cache.
+    pub cache: &'a super::CacheConfig,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

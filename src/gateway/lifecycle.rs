@@ -33,15 +33,7 @@ impl Gateway {
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
         let gpu = GpuTier::start(env, config.gpu)?;
-        if let Some(g) = gpu.as_ref().filter(|g| g.needs_prompt()) {
-            if let Some(p) = std::iter::once(&policy).chain(route_policies.values()).find(|p| p.prompt.is_none()) {
-                anyhow::bail!(
-                    "gpu.backend = {:?} needs a [prompt] section in the policy ({})",
-                    g.name(),
-                    p.dir.display()
-                );
-            }
-        }
+        check_prompts(gpu.as_ref(), std::iter::once(&policy).chain(route_policies.values()))?;
         let shared_quotas = config.tenants.redis.clone();
         let tenants = Arc::new(Tenants::new(config.tenants, config.admission.quota()));
         let readings = ReadingsHub::new(config.readings);
@@ -68,6 +60,7 @@ impl Gateway {
         let features_model = load_features_model(config.features_model, env)?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
+        let verdicts = super::cache::VerdictCache::start(config.cache, &cpu, gpu.as_ref(), metrics.registry_mut());
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
@@ -91,6 +84,7 @@ impl Gateway {
             drift,
             tracer,
             features_model,
+            verdicts,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;
@@ -255,6 +249,16 @@ mod tests {
         });
         assert!(outcome.is_ok(), "the chore blocked the runtime thread");
     }
+}
+
+/// An upstream gpu backend needs every policy to carry a `[prompt]`.
+fn check_prompts<'a>(gpu: Option<&GpuTier>, mut policies: impl Iterator<Item = &'a Policy>) -> anyhow::Result<()> {
+    if let Some(g) = gpu.filter(|g| g.needs_prompt()) {
+        if let Some(p) = policies.find(|p| p.prompt.is_none()) {
+            anyhow::bail!("gpu.backend = {:?} needs a [prompt] section in the policy ({})", g.name(), p.dir.display());
+        }
+    }
+    Ok(())
 }
 
 /// `[features_model]`: the model loaded and checked, or `None` without the section.

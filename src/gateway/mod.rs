@@ -13,6 +13,7 @@
 
 pub mod ab;
 mod audit;
+pub mod cache;
 pub mod cascade;
 mod config;
 mod explain;
@@ -23,6 +24,7 @@ pub mod shadow;
 pub mod shadow_model;
 mod trace;
 
+pub use cache::CacheConfig;
 pub use cascade::TenantGate;
 pub use config::{AbConfig, AdmissionConfig, GatewayConfig, ShadowConfig, Sticky};
 
@@ -97,6 +99,8 @@ pub struct Gateway {
     pub tracer: crate::trace::Tracer,
     /// `[features_model]`: scores requests' `features` beside the text (`None`: none configured).
     pub features_model: Option<Arc<crate::features_model::FeaturesModel>>,
+    /// `[cache]`: the model tiers' verdicts for exact repeats (`None`: off).
+    pub verdicts: Option<cache::VerdictCache>,
 }
 
 impl Gateway {
@@ -168,7 +172,7 @@ impl Gateway {
     /// policy configured, a share of requests is also decided by the candidate, which never
     /// changes the answer (see [`Gateway::compare`]).
     pub async fn classify(&self, req: ClassifyRequest, request_id: String) -> Result<Decision, ApiError> {
-        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false).await?;
+        let (decision, _) = self.classify_and_shadow(&self.policies, req, request_id, false, None).await?;
         Ok(decision)
     }
 
@@ -185,7 +189,7 @@ impl Gateway {
         let Some(ab) = &self.ab else { return self.classify(req, request_id).await };
         let arm = ab.arm(&req, headers);
         let store = if arm == Arm::Candidate { &ab.policies } else { &self.policies };
-        let result = self.classify_and_shadow(store, req, request_id, false).await.map(|(mut d, _)| {
+        let result = self.classify_and_shadow(store, req, request_id, false, Some(arm)).await.map(|(mut d, _)| {
             d.arm = Some(arm);
             d
         });
@@ -201,7 +205,7 @@ impl Gateway {
         req: ClassifyRequest,
         request_id: String,
     ) -> Result<Decision, ApiError> {
-        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false).await?;
+        let (decision, _) = self.classify_and_shadow(self.policy_store(policy), req, request_id, false, None).await?;
         Ok(decision)
     }
 
@@ -212,7 +216,7 @@ impl Gateway {
         req: ClassifyRequest,
         request_id: String,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
-        self.classify_and_shadow(&self.policies, req, request_id, true).await
+        self.classify_and_shadow(&self.policies, req, request_id, true, None).await
     }
 
     async fn classify_and_shadow(
@@ -221,6 +225,7 @@ impl Gateway {
         mut req: ClassifyRequest,
         request_id: String,
         always_shadow: bool,
+        arm: Option<Arm>,
     ) -> Result<(Decision, Option<Decision>), ApiError> {
         let started = Instant::now();
         let policy = store.snapshot();
@@ -237,22 +242,8 @@ impl Gateway {
         let admitted = self.admit(&req).await;
         trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
         let identity = admitted?;
-        let mut snapshot = self.snapshot(started, &policy);
-        snapshot.tenant = tenant_load(&identity);
-        if let (None, Err(why)) =
-            (&snapshot.gpu.unavailable, select::tenant_gpu_eligibility(&snapshot.tenant, policy.gpu.max_in_flight))
-        {
-            self.tenant_metrics.limited(&identity.state.label, why.limit_name());
-        }
+        let snapshot = self.tenant_snapshot(started, &policy, &identity);
         let recorded = Mutex::new(Recorded { features: features.clone(), ..Recorded::default() });
-        let tiers = Tiers::Live(LiveTiers {
-            cpu: &self.cpu,
-            gpu: self.gpu.as_ref(),
-            metrics: &self.metrics,
-            recorded: &recorded,
-            trace: &trace,
-            tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
-        });
         let inputs =
             Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started, features: features.as_ref() };
         let assessed_at = std::time::SystemTime::now();
@@ -262,6 +253,15 @@ impl Gateway {
             end: std::time::SystemTime::now(),
             complexity: assessment.complexity.score,
         };
+        let tiers = Tiers::Live(LiveTiers {
+            cpu: &self.cpu,
+            gpu: self.gpu.as_ref(),
+            metrics: &self.metrics,
+            recorded: &recorded,
+            trace: &trace,
+            tenant: cascade::TenantGate { identity: &identity, quotas: &*self.quotas, metrics: &self.tenant_metrics },
+            cache: self.cache_scope(&inputs, &assessment.facts.text, &identity, store, arm),
+        });
         let canonical = Arc::clone(&assessment.facts.text);
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
@@ -295,6 +295,18 @@ impl Gateway {
         Ok((decision, shadow))
     }
 
+    /// [`Gateway::snapshot`] with `identity`'s tenant load (a tenant at its gpu limit counted).
+    fn tenant_snapshot(&self, now: Instant, policy: &Policy, identity: &Identity) -> LoadSnapshot {
+        let mut snapshot = self.snapshot(now, policy);
+        snapshot.tenant = tenant_load(identity);
+        if let (None, Err(why)) =
+            (&snapshot.gpu.unavailable, select::tenant_gpu_eligibility(&snapshot.tenant, policy.gpu.max_in_flight))
+        {
+            self.tenant_metrics.limited(&identity.state.label, why.limit_name());
+        }
+        snapshot
+    }
+
     /// `explain`'s model parts: the cpu model's word attributions (when it gave the first
     /// verdict) and the features model's contributions.
     async fn explain_models(
@@ -308,6 +320,30 @@ impl Gateway {
             e.attributions = self.attributions(canonical, risk, std::time::Duration::from_secs(2)).await;
         }
         e.features_model = features.and_then(|scored| self.features_contributions(scored));
+    }
+
+    /// This request's key in the verdict cache, when there is one: everything a model verdict
+    /// depends on ([`cache::key::Scope`]).
+    fn cache_scope(
+        &self,
+        x: &Inputs<'_>,
+        canonical: &str,
+        identity: &Identity,
+        store: &PolicyStore,
+        arm: Option<Arm>,
+    ) -> Option<cache::Cached<'_>> {
+        let cache = self.verdicts.as_ref()?;
+        Some(cache.scope(cache::key::Scope {
+            text: canonical,
+            features: &x.req.features,
+            tenant: x.req.tenant.as_deref(),
+            limit_key: &identity.state.label,
+            scenario: x.scenario.map(|s| s.name.as_str()),
+            route_policy: store.dir(),
+            arm,
+            policy_version: &x.policy.version,
+            models: "",
+        }))
     }
 
     /// Tenant admission: the request's limit key (its known tenant, or the one key every unknown

@@ -41,6 +41,9 @@ pub(super) fn step_attributes(step: &Step) -> Vec<KeyValue> {
     if let Some(rule) = &step.rule {
         a.push(KeyValue::new(attr::RULE, rule.clone()));
     }
+    if step.cached {
+        a.push(KeyValue::new(attr::CACHED, true));
+    }
     if let Some(endpoint) = &step.endpoint {
         a.push(KeyValue::new(attr::ENDPOINT, endpoint.clone()));
         if let Ok(uri) = endpoint.parse::<http::Uri>() {

@@ -107,6 +107,18 @@ impl LanguageCell {
     pub fn get(&self) -> &Language {
         self.lang.get_or_init(|| detect(&self.text))
     }
+
+    /// The language if a thread has detected it already; never detects.
+    pub fn peek(&self) -> Option<&Language> {
+        self.lang.get()
+    }
+
+    /// Fills the cell with `lang`, known from elsewhere for the same canonical text (the verdict
+    /// cache keeps the language the cpu worker detected beside its verdict); no change when
+    /// the cell holds one already.
+    pub fn fill(&self, lang: Language) {
+        let _ = self.lang.set(lang);
+    }
 }
 
 /// Language and script of `text`, per window (see the module documentation for the limits).

@@ -59,6 +59,8 @@ pub const WINDOW: &str = "tiergate.window";
 pub const ENDPOINT: &str = "tiergate.endpoint";
 /// Time in the stage as the request saw it, µs (int).
 pub const LATENCY_US: &str = "tiergate.latency_us";
+/// true on a model tier's span whose verdict came from the verdict cache (`[cache]`).
+pub const CACHED: &str = "tiergate.cached";
 /// The rule (rules stage) or guard/allow-list rule ids that matched.
 pub const RULE: &str = "tiergate.rule";
 /// The tenant's label (`[tenants]`).

@@ -89,6 +89,7 @@ fn bench_rules(c: &mut Criterion, policy: &Policy, long: &str) {
                     features: &features,
                     tenant: Some("acme"),
                     model,
+                    campaign: None,
                 })
             })
         });

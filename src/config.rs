@@ -67,6 +67,8 @@ pub struct Config {
     pub audit: Option<AuditConfig>,
     /// OpenTelemetry traces (`[tracing]`); off by default.
     pub tracing: TracingConfig,
+    /// Campaign and entity velocity (`[campaign]`); off by default.
+    pub campaign: crate::campaign::CampaignConfig,
 }
 
 impl Default for Config {
@@ -87,6 +89,7 @@ impl Default for Config {
             routes: Vec::new(),
             audit: None,
             tracing: TracingConfig::default(),
+            campaign: Default::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ impl Config {
             route_policies: self.routes.iter().filter_map(|r| r.screen.as_ref()?.policy.clone()).collect(),
             audit: self.audit.as_ref(),
             tracing: &self.tracing,
+            campaign: &self.campaign,
         }
     }
 
@@ -176,6 +180,7 @@ impl Config {
 
     fn check(&self) -> Result<(), String> {
         self.tracing.check()?;
+        self.campaign.validate()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

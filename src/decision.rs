@@ -146,6 +146,10 @@ pub struct Explain {
     /// largest first. Absent when the cpu model gave no score.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attributions: Vec<Attribution>,
+    /// The campaign and entity velocity the rules and guards read (`campaign.*`, `entity.*`);
+    /// absent when `[campaign]` is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<crate::campaign::Velocity>,
 }
 
 /// One word's effect on the cpu model's risk score: `delta` = risk with the word minus risk

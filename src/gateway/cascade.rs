@@ -182,6 +182,8 @@ pub struct Assessment {
     pub complexity: Complexity,
     /// The cpu model's input, when assessment tokenised the text (it travels with the cpu job).
     pub encoded: Option<Encoded>,
+    /// The request's campaign and entity velocity (`[campaign]`; `None`: off).
+    pub campaign: Option<crate::campaign::Velocity>,
 }
 
 /// Everything the cascade reads for one request.
@@ -259,6 +261,7 @@ pub async fn run(
         signals: x.snapshot.clone(),
         start,
         attributions: Vec::new(),
+        campaign: run.assessment.campaign.clone(),
     });
     Ok((decision, explain))
 }
@@ -413,7 +416,8 @@ impl Run<'_> {
     /// What the rules and guards see: the canonical text and its facts, the request's features
     /// and tenant, the model view.
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
-        self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model)
+        let campaign = self.assessment.campaign.as_ref();
+        self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model, campaign)
     }
 
     /// The rules stage: never fails, never waits. A rule that errors is counted and logged.

@@ -32,6 +32,8 @@ pub struct GatewayConfig<'a> {
     pub audit: Option<&'a crate::audit::AuditConfig>,
     /// `[tracing]`: the gateway holds the tracer every front door begins a request's trace with.
     pub tracing: &'a crate::trace::TracingConfig,
+    /// `[campaign]`: campaign and entity velocity (shared through `[tenants.redis]` when set).
+    pub campaign: &'a crate::campaign::CampaignConfig,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

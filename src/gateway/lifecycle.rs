@@ -52,8 +52,12 @@ impl Gateway {
         let tracer =
             crate::trace::Tracer::start(config.tracing, crate::trace::TraceMetrics::register(metrics.registry_mut()))?;
         // Rate and budget state: in Redis when [tenants.redis] is set, else in this process.
-        let quotas = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
+        let (quotas, redis) = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
             .map_err(anyhow::Error::msg)?;
+        let campaign_metrics = crate::campaign::metrics::CampaignMetrics::register(metrics.registry_mut());
+        let link = redis.zip(shared_quotas.as_ref().map(|r| r.key_prefix.clone()));
+        let campaigns =
+            crate::campaign::Campaigns::new(config.campaign, link, campaign_metrics).map_err(anyhow::Error::msg)?;
         let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
@@ -89,6 +93,7 @@ impl Gateway {
             audit,
             drift,
             tracer,
+            campaigns: campaigns.map(Arc::new),
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

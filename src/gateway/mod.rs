@@ -35,6 +35,7 @@ use crate::readings::cpu::{CpuSource, ProcStat};
 use crate::readings::gpu::{CudaDriver, GpuSource};
 use crate::readings::{Readings, ReadingsHub};
 use crate::request::ClassifyRequest;
+use crate::rules::TextFacts;
 use crate::select::{self, Below, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
@@ -94,6 +95,8 @@ pub struct Gateway {
     pub audit: Option<Arc<crate::audit::Audit>>,
     /// `[tracing]`: every front door begins a request's trace with it (off: no-op traces).
     pub tracer: crate::trace::Tracer,
+    /// `[campaign]`: campaign and entity velocity, when on.
+    pub campaigns: Option<Arc<crate::campaign::Campaigns>>,
 }
 
 impl Gateway {
@@ -229,7 +232,11 @@ impl Gateway {
         }
         let trace = req.trace.clone();
         let span = trace.start("admission");
-        let admitted = self.admit(&req).await;
+        // The canonical text first: the campaign lookup reads it, and runs beside the quota check
+        // (on one multiplexed Redis connection the two requests share a round trip). A request the
+        // rate then refuses still counts toward its campaign: it was sent.
+        let facts = policy.rules.read(&req.text);
+        let (admitted, campaign) = tokio::join!(self.admit(&req), self.campaign(&facts.text, &req));
         trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
         let identity = admitted?;
         let mut snapshot = self.snapshot(started, &policy);
@@ -250,7 +257,8 @@ impl Gateway {
         });
         let inputs = Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started };
         let assessed_at = std::time::SystemTime::now();
-        let assessment = self.assess(&policy, &req, &snapshot);
+        let mut assessment = self.assess(&policy, facts, &req, &snapshot);
+        assessment.campaign = campaign;
         let canonical_span = trace::Canonical {
             start: assessed_at,
             end: std::time::SystemTime::now(),
@@ -335,8 +343,7 @@ impl Gateway {
     /// or the caller asked to see the complexity (`explain`); otherwise they are the word count (a lower bound)
     /// and the cpu worker tokenises — off the async runtime, and never for a request that
     /// admission sends past the cpu tier.
-    fn assess(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &LoadSnapshot) -> Assessment {
-        let facts = policy.rules.read(&req.text);
+    fn assess(&self, policy: &Policy, facts: TextFacts, req: &ClassifyRequest, snapshot: &LoadSnapshot) -> Assessment {
         let spec = &policy.complexity;
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
             self.cpu.tokens(&facts.text, spec.tokens_full)
@@ -348,7 +355,13 @@ impl Gateway {
         stats.signal_hits = facts.signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
         let complexity = complexity::assess(&stats, spec);
-        Assessment { facts, stats, complexity, encoded: tokens.encoded }
+        Assessment { facts, stats, complexity, encoded: tokens.encoded, campaign: None }
+    }
+
+    /// The request's campaign velocity over its canonical `text` (`None`: `[campaign]` off).
+    async fn campaign(&self, text: &str, req: &ClassifyRequest) -> Option<crate::campaign::Velocity> {
+        let campaigns = self.campaigns.as_ref()?;
+        Some(campaigns.lookup(text, req.tenant.as_deref(), &req.features).await)
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.

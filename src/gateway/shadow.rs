@@ -97,7 +97,7 @@ impl Shadow {
         let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
         let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
         let (mut candidate, _) =
-            cascade::run(&inputs, g.assess(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
+            cascade::run(&inputs, g.assess(&policy, policy.rules.read(&req.text), req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
         candidate.scenario = scenario.map(|s| s.name.clone());

@@ -121,6 +121,7 @@ async fn replay_in(
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         encoded: None,
+        campaign: None,
     };
     let inputs = Inputs { policy, scenario, req: &req, snapshot: &snapshot, started: Instant::now() };
     cascade::run(&inputs, assessment, &Tiers::Replay(&recorded)).await.map(|(d, _)| d)

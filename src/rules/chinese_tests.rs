@@ -34,6 +34,7 @@ fn chinese_signals_match_both_scripts_and_chinese_digits() {
             features: &features,
             tenant: None,
             model: None,
+            campaign: None,
         };
         p.rules.guard(&input).matched.map(|(name, action, _)| (name, action))
     };

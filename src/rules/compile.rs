@@ -186,7 +186,10 @@ fn compile_rule(
         report(message)
     };
     for var in program.references().variables() {
-        if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model") {
+        if !matches!(
+            var,
+            "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model" | "campaign" | "entity"
+        ) {
             problem(format!("unknown variable `{var}`"));
         }
     }
@@ -218,6 +221,7 @@ fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<Stri
         features: &no_features,
         tenant: None,
         model: None,
+        campaign: None,
     };
     match program.execute(&context(env, &input)) {
         Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => None,

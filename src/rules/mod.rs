@@ -20,7 +20,8 @@
 //!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`,
 //!   `padded_han_chars` (Chinese characters padded apart with spaces or symbols, joined again);
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
-//!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here.
+//!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here;
+//! - `campaign`, `entity`: the request's campaign and entity velocity ([`crate::campaign::cel`]).
 
 mod compile;
 mod read;
@@ -94,6 +95,8 @@ pub struct RulesInput<'a> {
     pub features: &'a serde_json::Map<String, serde_json::Value>,
     pub tenant: Option<&'a str>,
     pub model: Option<ModelView>,
+    /// Campaign and entity velocity (`None`: campaigns off, or a text outside a request).
+    pub campaign: Option<&'a crate::campaign::Velocity>,
 }
 
 /// The rules' verdict.
@@ -264,6 +267,9 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
         }
     }
     ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
+    let (campaign, entity) = crate::campaign::cel::variables(input.campaign);
+    ctx.add_variable_from_value("campaign", campaign);
+    ctx.add_variable_from_value("entity", entity);
     ctx
 }
 
@@ -327,6 +333,7 @@ mod tests {
             features: &features,
             tenant: Some("acme"),
             model,
+            campaign: None,
         };
         p.rules.evaluate(&input)
     }
@@ -535,6 +542,7 @@ mod tests {
             features: &features,
             tenant: None,
             model: None,
+            campaign: None,
         };
         let guard = p.rules.guard(&input).matched.map(|(name, _, _)| name);
         assert_eq!(

@@ -43,13 +43,12 @@ impl EntityKind {
 /// Redis work whatever the text holds.
 pub const MAX_ENTITIES: usize = 8;
 
-static LINK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b(?:https?://|www\.)([a-z0-9\-]+(?:\.[a-z0-9\-]+)+)").expect("valid regex")
+static LINK: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\b(?:https?://|www\.)([a-z0-9\-]+(?:\.[a-z0-9\-]+)+)").expect("valid regex"));
+static PHONE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\+?\d[\d \-().]{6,20}\d").expect("valid regex"));
+static IBAN: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\b[a-z]{2}\d{2}(?: ?[a-z0-9]{4}){2,7}(?: ?[a-z0-9]{1,4})?\b").expect("valid regex")
 });
-static PHONE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\+?\d[\d \-().]{6,20}\d").expect("valid regex"));
-static IBAN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)\b[a-z]{2}\d{2}(?: ?[a-z0-9]){11,30}\b").expect("valid regex"));
 static WALLET: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\b(?:0x[0-9a-fA-F]{40}|bc1[02-9ac-hj-np-z]{25,59}|[13][1-9A-HJ-NP-Za-km-z]{25,34}|T[1-9A-HJ-NP-Za-km-z]{33})\b")
         .expect("valid regex")
@@ -79,7 +78,7 @@ pub fn find(
         .map(|m| m.as_str().replace(' ', "").to_ascii_uppercase())
         .filter(|i| iban_valid(i))
         .collect();
-    for m in PHONE.find_iter(text) {
+    for m in PHONE.find_iter(text).filter(|m| standalone(text, m.start(), m.end())) {
         let digits: String = m.as_str().chars().filter(char::is_ascii_digit).collect();
         let plus = if m.as_str().starts_with('+') { "+" } else { "" };
         if (8..=15).contains(&digits.len()) && !ibans.iter().any(|i| i.contains(&digits)) {
@@ -100,6 +99,13 @@ pub fn find(
         }
     }
     found
+}
+
+/// Whether `text[start..end]` is not part of a longer word (a phone number inside a wallet
+/// address or a reference is none).
+fn standalone(text: &str, start: usize, end: usize) -> bool {
+    let before = text[..start].chars().next_back().is_none_or(|c| !c.is_alphanumeric());
+    before && text[end..].chars().next().is_none_or(|c| !c.is_alphanumeric())
 }
 
 /// ISO 13616's check: the country and check digits moved to the end, letters as 10..35, the

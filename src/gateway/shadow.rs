@@ -96,8 +96,13 @@ impl Shadow {
         // A candidate without the request's scenario has no decision to compare.
         let scenario = policy.scenario(req.scenario.as_deref()).ok()?;
         let inputs = Inputs { policy: &policy, scenario, req, snapshot, started: Instant::now() };
-        let (mut candidate, _) =
-            cascade::run(&inputs, g.assess(&policy, policy.rules.read(&req.text), req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
+        let (mut candidate, _) = cascade::run(
+            &inputs,
+            g.assess(&policy, policy.rules.read(&req.text), req, snapshot),
+            &Tiers::Replay(recorded),
+        )
+        .await
+        .ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
         candidate.scenario = scenario.map(|s| s.name.clone());

@@ -40,14 +40,22 @@ pub struct CampaignMetrics {
 }
 
 impl CampaignMetrics {
-    /// Registers the metrics (also when campaigns are off: dashboards find them at zero).
-    pub fn register(registry: &mut Registry) -> CampaignMetrics {
+    /// Registers the metrics, every series created at zero (also when campaigns are off:
+    /// dashboards find them): both stores, ranks `1..=top_k`.
+    pub fn register(registry: &mut Registry, top_k: usize) -> CampaignMetrics {
         let metrics = CampaignMetrics {
             lookups: Family::default(),
             lookup_seconds: Histogram::new(exponential_buckets(5e-6, 2.0, 16)),
             top_sources_1h: Family::default(),
             top_count_1h: Family::default(),
         };
+        for store in ["redis", "local"] {
+            metrics.lookups.get_or_create(&StoreLabels { store }).inc_by(0);
+        }
+        for rank in 1..=top_k {
+            metrics.top_sources_1h.get_or_create(&RankLabels { rank: rank.to_string() }).set(0);
+            metrics.top_count_1h.get_or_create(&RankLabels { rank: rank.to_string() }).set(0);
+        }
         let r = registry;
         r.register("campaign_lookups", "Campaign lookups, by the store that answered", metrics.lookups.clone());
         r.register("campaign_lookup_seconds", "One campaign lookup, seconds", metrics.lookup_seconds.clone());

@@ -232,9 +232,6 @@ impl Gateway {
         }
         let trace = req.trace.clone();
         let span = trace.start("admission");
-        // The canonical text first: the campaign lookup reads it, and runs beside the quota check
-        // (on one multiplexed Redis connection the two requests share a round trip). A request the
-        // rate then refuses still counts toward its campaign: it was sent.
         let facts = policy.rules.read(&req.text);
         let (admitted, campaign) = tokio::join!(self.admit(&req), self.campaign(&facts.text, &req));
         trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
@@ -333,9 +330,9 @@ impl Gateway {
         Ok(identity)
     }
 
-    /// What the cascade reads of a request: the canonical text (look-alike letters folded,
-    /// invisible characters out, entities decoded, defanged links restored) and its language,
-    /// then the complexity: cheap text statistics, tokens, signal hits from the policy, and the
+    /// What the cascade reads of a request: its `facts` (the canonical text — look-alike letters
+    /// folded, invisible characters out, entities decoded, defanged links restored — and its
+    /// language, read before admission for the campaign lookup), then the complexity: cheap text statistics, tokens, signal hits from the policy, and the
     /// number of request features.
     ///
     /// Complexity only steers a request between the two model tiers, so tokens are counted with
@@ -359,6 +356,9 @@ impl Gateway {
     }
 
     /// The request's campaign velocity over its canonical `text` (`None`: `[campaign]` off).
+    /// Run beside the quota check, so the text is read before admission: on the one multiplexed
+    /// Redis connection the two requests share a round trip. A request the rate then refuses
+    /// still counts toward its campaign: it was sent.
     async fn campaign(&self, text: &str, req: &ClassifyRequest) -> Option<crate::campaign::Velocity> {
         let campaigns = self.campaigns.as_ref()?;
         Some(campaigns.lookup(text, req.tenant.as_deref(), &req.features).await)

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 /// (falling back to a [`LocalQuotas`]; its metrics registered into `registry`; a connect
 /// started now when called on a runtime, so that the first requests are shared too), else a
 /// [`LocalQuotas`]. Also returns the Redis [`Link`] when there is one, so that other shared
-/// state (`crate::campaign`) rides the same connection and circuit breaker. Errors name the
+/// state (the campaign store) rides the same connection and circuit breaker. Errors name the
 /// config key.
 pub fn quota_store(
     redis: Option<&RedisConfig>,
@@ -57,7 +57,7 @@ pub fn quota_store(
         // A failed connect is logged (and counted) by the store; requests take the outage path.
         runtime.spawn(async move { drop(connecting.connect().await) });
     }
-    let link = Arc::clone(&store.link);
+    let link = store.link();
     Ok((store, Some(link)))
 }
 
@@ -91,7 +91,7 @@ pub struct SharedQuotas {
 }
 
 /// The connection to Redis and its health (circuit breaker, `tiergate_quota_store_*` metrics),
-/// shared with the background connect task and with the campaign store (`crate::campaign`),
+/// shared with the background connect task and with the campaign store (the campaign store),
 /// whose round trips count in the same breaker: one Redis, one judgement of whether it answers.
 pub struct Link {
     client: redis::Client,
@@ -180,6 +180,11 @@ impl SharedQuotas {
     /// The Redis key of `key`'s calls taken today: `{prefix}daily:{key}`.
     pub fn daily_key(&self, key: &str) -> String {
         format!("{}daily:{key}", self.key_prefix)
+    }
+
+    /// The connection and its breaker, for other state shared through the same Redis.
+    pub fn link(&self) -> Arc<Link> {
+        Arc::clone(&self.link)
     }
 
     /// The circuit breaker's state now (`closed` while Redis answers).
@@ -283,7 +288,7 @@ impl Link {
 
     /// One call of a prepared script invocation (any keys and arguments), under the same
     /// breaker, timeout and failure accounting as the quota checks: its reply, or `None` when
-    /// Redis could not decide. For shared state beside the quotas (`crate::campaign`).
+    /// Redis could not decide. For shared state beside the quotas (the campaign store).
     pub async fn run<T: redis::FromRedisValue>(self: &Arc<Self>, call: redis::ScriptInvocation<'_>) -> Option<T> {
         if !self.breaker.try_acquire(Instant::now()) {
             return None;

@@ -211,10 +211,10 @@ async fn a_legitimate_bulk_wave_gets_no_campaign_review_while_a_scam_wave_in_it_
     }
     let mut tally: std::collections::BTreeMap<String, (usize, usize, usize)> = Default::default();
     for chunk in wave.chunks(4) {
+        const HEADERS: [(&str, &str); 2] = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
         let sends = chunk.iter().map(|(_, sender, text)| {
             let body = json!({ "text": text, "features": { "sender_id": sender } }).to_string();
-            let headers = [("content-type", "application/json"), ("x-tiergate-deadline-ms", "5000")];
-            common::send(server.public, "POST", "/v1/classify", &headers, body)
+            common::send(server.public, "POST", "/v1/classify", &HEADERS, body)
         });
         for ((kind, _, _), reply) in chunk.iter().zip(futures_util::future::join_all(sends).await) {
             assert_eq!(reply.status, 200);

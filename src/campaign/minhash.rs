@@ -84,17 +84,24 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// The SplitMix64 finaliser: a bijection on `u64` whose output bits each depend on every input bit.
-pub fn mix(mut z: u64) -> u64 {
+pub const fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
-/// Slot `i`'s hash of a shingle hash: a seeded mix (one independent-looking permutation per slot).
-#[inline]
-fn slot_hash(shingle: u64, i: usize) -> u64 {
-    mix(shingle ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)))
-}
+/// Each slot's `(a, b)`: its hash of a (mixed) shingle hash `x` is `a·x + b mod 2^64`, `a` odd —
+/// the multiply-add family MinHash implementations use for their permutations (Carter & Wegman
+/// 1979; MMDS 3.3.5), one multiply per slot instead of a full mix: the lookup's largest cost.
+const SLOT_SEEDS: [(u64, u64); SLOTS] = {
+    let mut seeds = [(0u64, 0u64); SLOTS];
+    let mut i = 0;
+    while i < SLOTS {
+        seeds[i] = (mix(i as u64 + 1) | 1, mix(i as u64 + 0x1000));
+        i += 1;
+    }
+    seeds
+};
 
 /// The MinHash signature of `text`'s [`normalise`]d form: for every slot, the least slot hash
 /// over all its shingles of [`SHINGLE_CHARS`] characters (a text shorter than one shingle is one
@@ -106,9 +113,9 @@ pub fn signature(text: &str) -> [u64; SLOTS] {
     let mut sig = [u64::MAX; SLOTS];
     for s in 0..shingles {
         let end = starts[(s + SHINGLE_CHARS).min(starts.len() - 1)];
-        let h = fnv1a(&normal.as_bytes()[starts[s]..end]);
-        for (i, slot) in sig.iter_mut().enumerate() {
-            *slot = (*slot).min(slot_hash(h, i));
+        let x = mix(fnv1a(&normal.as_bytes()[starts[s]..end]));
+        for (slot, (a, b)) in sig.iter_mut().zip(&SLOT_SEEDS) {
+            *slot = (*slot).min(a.wrapping_mul(x).wrapping_add(*b));
         }
     }
     sig

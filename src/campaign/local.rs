@@ -1,5 +1,5 @@
-//! The in-process campaign store: the same bands, buckets and windows as the Redis script
-//! (`campaign.lua`), for a replica alone — without `[tenants.redis]`, and as the fallback while
+//! The in-process campaign store: the same bands and windows as the Redis script
+//! (`campaign.lua`; counted here in finer buckets, with exact distinct sources), for a replica alone — without `[tenants.redis]`, and as the fallback while
 //! Redis is out of reach (every lookup also updates it, so the fallback starts warm with this
 //! replica's own traffic).
 //!
@@ -11,9 +11,9 @@ use super::{Counts, Observation};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-/// The bucketed sliding windows, `(bucket width s, buckets)`: 1 min, 1 h, 24 h (as the script).
+/// The bucketed sliding windows, `(bucket width s, buckets)`: 1 min, 1 h, 24 h.
 pub const WINDOWS: [(u64, usize); 3] = [(10, 6), (300, 12), (3600, 24)];
-/// How long a band or a subject is kept after it was last seen, seconds (25 h, as the script).
+/// How long a band or a subject is kept after it was last seen, seconds (25 h, as the script's bands).
 pub const KEEP_S: u64 = 90_000;
 /// Distinct sources remembered per subject.
 pub const MAX_SOURCES: usize = 512;

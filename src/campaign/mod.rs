@@ -7,8 +7,8 @@
 //!
 //! Shared by a fleet through the Redis the quotas use (`[tenants.redis]`: the same connection
 //! and circuit breaker, [`crate::tenant::shared::Link`]): one Lua script per lookup
-//! (`campaign.lua`: band lookup, counters in bucketed keys with TTLs, HyperLogLog `PFADD` /
-//! `PFCOUNT` for distinct sources). The campaign id is derived from the band hashes, so two
+//! (`campaign.lua`: band lookup, counters in bucketed keys with TTLs — two per window, the
+//! sliding-window counter — and HyperLogLog `PFADD` / `PFCOUNT` for distinct sources). The campaign id is derived from the band hashes, so two
 //! replicas agree without talking: a text joins the campaign already registered for any of its
 //! bands (the first in band order), else registers its own id (the least band hash) for all of
 //! them. Every lookup also updates the in-process store ([`local`]), which answers alone without

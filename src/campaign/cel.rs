@@ -24,8 +24,19 @@ fn map(entries: Vec<(&'static str, Value)>) -> Value {
     Value::Map(Map { map: Arc::new(map) })
 }
 
+/// The variables when campaigns are off: built once (every rule context of every request gets
+/// them; the maps are shared, not copied).
+static OFF: std::sync::LazyLock<(Value, Value)> = std::sync::LazyLock::new(|| build(None));
+
 /// `(campaign, entity)`, the two variables' values for `velocity` (`None`: campaigns off).
 pub fn variables(velocity: Option<&Velocity>) -> (Value, Value) {
+    match velocity {
+        None => OFF.clone(),
+        some => build(some),
+    }
+}
+
+fn build(velocity: Option<&Velocity>) -> (Value, Value) {
     let c = velocity.map(|v| v.campaign).unwrap_or_default();
     let campaign = map(vec![
         ("available", Value::Bool(velocity.is_some())),
@@ -73,4 +84,48 @@ pub fn variables(velocity: Option<&Velocity>) -> (Value, Value) {
         ));
     }
     (campaign, map(entries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::EntityVelocity;
+    use cel::{Context, Program};
+
+    fn eval(when: &str, velocity: Option<&Velocity>) -> Value {
+        let (campaign, entity) = variables(velocity);
+        let mut ctx = Context::default();
+        ctx.add_variable_from_value("campaign", campaign);
+        ctx.add_variable_from_value("entity", entity);
+        Program::compile(when).unwrap().execute(&ctx).unwrap()
+    }
+
+    const GUARD: &str = "campaign.sources_1h > 50 && entity.link_domain.sources_1h > 0 \
+        && entity.link_domain.sources_1h * 2 < campaign.sources_1h";
+
+    #[test]
+    fn the_bundled_guard_reads_a_velocity_and_reads_zeros_when_campaigns_are_off() {
+        let domain = Counts { sources_1h: 1, ..Counts::default() };
+        let iban = Counts { sources_1h: 30, sources_24h: 31, ..Counts::default() };
+        let velocity = Velocity {
+            id: "00ff".into(),
+            shared: true,
+            campaign: Counts { count_1h: 60, sources_1h: 51, ..Counts::default() },
+            entities: vec![
+                EntityVelocity { kind: EntityKind::LinkDomain, hash: "a".into(), counts: domain },
+                EntityVelocity { kind: EntityKind::Iban, hash: "b".into(), counts: iban },
+            ],
+        };
+        assert_eq!(eval(GUARD, Some(&velocity)), Value::Bool(true));
+        assert_eq!(
+            eval("entity.iban.sources_24h >= 30 && entity.max_sources_1h == 30", Some(&velocity)),
+            Value::Bool(true)
+        );
+        assert_eq!(
+            eval("campaign.shared && campaign.id == '00ff' && entity.found == 2", Some(&velocity)),
+            Value::Bool(true)
+        );
+        assert_eq!(eval(GUARD, None), Value::Bool(false), "off: zeros, no error");
+        assert_eq!(eval("campaign.available || entity.wallet.sources_1h > 0", None), Value::Bool(false));
+    }
 }

@@ -332,8 +332,8 @@ impl Gateway {
 
     /// What the cascade reads of a request: its `facts` (the canonical text — look-alike letters
     /// folded, invisible characters out, entities decoded, defanged links restored — and its
-    /// language, read before admission for the campaign lookup), then the complexity: cheap text statistics, tokens, signal hits from the policy, and the
-    /// number of request features.
+    /// language, read before admission for the campaign lookup), then the complexity: cheap
+    /// text statistics, tokens, signal hits from the policy, and the number of request features.
     ///
     /// Complexity only steers a request between the two model tiers, so tokens are counted with
     /// the real tokenizer (and the encoding kept for the cpu tier) only where a gpu tier exists

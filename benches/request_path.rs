@@ -90,6 +90,7 @@ fn bench_rules(c: &mut Criterion, policy: &Policy, long: &str) {
                     tenant: Some("acme"),
                     model,
                     features_model: None,
+                    campaign: None,
                 })
             })
         });

@@ -71,6 +71,8 @@ pub struct Config {
     pub features_model: Option<crate::features_model::FeaturesModelConfig>,
     /// The verdict cache (`[cache]`); off by default.
     pub cache: CacheConfig,
+    /// Campaign and entity velocity (`[campaign]`); off by default.
+    pub campaign: crate::campaign::CampaignConfig,
 }
 
 impl Default for Config {
@@ -93,6 +95,7 @@ impl Default for Config {
             tracing: TracingConfig::default(),
             features_model: None,
             cache: CacheConfig::default(),
+            campaign: Default::default(),
         }
     }
 }
@@ -172,6 +175,7 @@ impl Config {
             tracing: &self.tracing,
             features_model: self.features_model.as_ref(),
             cache: &self.cache,
+            campaign: &self.campaign,
         }
     }
 
@@ -188,6 +192,7 @@ impl Config {
     fn check(&self) -> Result<(), String> {
         self.tracing.check()?;
         self.cache.validate()?;
+        self.campaign.validate()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

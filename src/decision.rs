@@ -155,6 +155,10 @@ pub struct Explain {
     /// occlusion). Absent when it did not score the request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features_model: Option<crate::features_model::Contributions>,
+    /// The campaign and entity velocity the rules and guards read (`campaign.*`, `entity.*`);
+    /// absent when `[campaign]` is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<crate::campaign::Velocity>,
 }
 
 /// One word's effect on the cpu model's risk score: `delta` = risk with the word minus risk

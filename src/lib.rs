@@ -15,6 +15,7 @@ pub mod audit;
 pub mod balance;
 pub mod breaker;
 pub mod calibrate;
+pub mod campaign;
 pub mod complexity;
 pub mod config;
 pub mod decision;

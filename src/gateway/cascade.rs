@@ -220,6 +220,8 @@ pub struct Assessment {
     pub complexity: Complexity,
     /// The cpu model's input, when assessment tokenised the text (it travels with the cpu job).
     pub encoded: Option<Encoded>,
+    /// The request's campaign and entity velocity (`[campaign]`; `None`: off).
+    pub campaign: Option<crate::campaign::Velocity>,
 }
 
 /// Everything the cascade reads for one request.
@@ -304,6 +306,7 @@ pub async fn run(
         start,
         attributions: Vec::new(),
         features_model: None,
+        campaign: run.assessment.campaign.clone(),
     });
     Ok((decision, explain))
 }
@@ -467,7 +470,8 @@ impl Run<'_> {
     /// What the rules and guards see: the canonical text and its facts, the request's features
     /// and tenant, the model view.
     fn rules_input<'x>(&'x self, x: &'x Inputs<'_>) -> RulesInput<'x> {
-        let mut input = self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model);
+        let campaign = self.assessment.campaign.as_ref();
+        let mut input = self.assessment.facts.input(&x.req.features, x.req.tenant.as_deref(), self.model, campaign);
         input.features_model = x.features.and_then(|f| f.score.as_ref().ok()).map(|s| s.risk);
         input
     }

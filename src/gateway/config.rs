@@ -36,6 +36,8 @@ pub struct GatewayConfig<'a> {
     pub features_model: Option<&'a crate::features_model::FeaturesModelConfig>,
     /// `[cache]`: the verdict cache.
     pub cache: &'a super::CacheConfig,
+    /// `[campaign]`: campaign and entity velocity (shared through `[tenants.redis]` when set).
+    pub campaign: &'a crate::campaign::CampaignConfig,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

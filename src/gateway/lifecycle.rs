@@ -16,6 +16,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+/// `[campaign]`'s tracker (`None`: off), sharing through the quota store's Redis `link` (and its
+/// key prefix) when there is one; its metrics registered either way.
+fn campaigns(
+    config: &GatewayConfig<'_>,
+    link: Option<(Arc<crate::tenant::shared::Link>, String)>,
+    metrics: &mut Metrics,
+) -> anyhow::Result<Option<Arc<crate::campaign::Campaigns>>> {
+    let registered = crate::campaign::metrics::CampaignMetrics::register(metrics.registry_mut(), config.campaign.top_k);
+    let campaigns = crate::campaign::Campaigns::new(config.campaign, link, registered).map_err(anyhow::Error::msg)?;
+    Ok(campaigns.map(Arc::new))
+}
+
 impl Gateway {
     /// Loads ONNX Runtime, the models and the policies, and starts the background samplers,
     /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
@@ -44,8 +56,10 @@ impl Gateway {
         let tracer =
             crate::trace::Tracer::start(config.tracing, crate::trace::TraceMetrics::register(metrics.registry_mut()))?;
         // Rate and budget state: in Redis when [tenants.redis] is set, else in this process.
-        let quotas = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
+        let (quotas, redis) = crate::tenant::shared::quota_store(shared_quotas.as_ref(), metrics.registry_mut())
             .map_err(anyhow::Error::msg)?;
+        let campaigns =
+            campaigns(config, redis.zip(shared_quotas.as_ref().map(|r| r.key_prefix.clone())), &mut metrics)?;
         let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
@@ -85,6 +99,7 @@ impl Gateway {
             tracer,
             features_model,
             verdicts,
+            campaigns,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -38,6 +38,7 @@ use crate::readings::cpu::{CpuSource, ProcStat};
 use crate::readings::gpu::{CudaDriver, GpuSource};
 use crate::readings::{Readings, ReadingsHub};
 use crate::request::ClassifyRequest;
+use crate::rules::TextFacts;
 use crate::select::{self, Below, CpuLoad, GpuLoad, GpuMemory, KvCache, LoadSnapshot, TenantLoad};
 use crate::tenant::config::OTHER;
 use crate::tenant::metrics::{TenantLabels, TenantMetrics};
@@ -101,6 +102,8 @@ pub struct Gateway {
     pub features_model: Option<Arc<crate::features_model::FeaturesModel>>,
     /// `[cache]`: the model tiers' verdicts for exact repeats (`None`: off).
     pub verdicts: Option<cache::VerdictCache>,
+    /// `[campaign]`: campaign and entity velocity, when on.
+    pub campaigns: Option<Arc<crate::campaign::Campaigns>>,
 }
 
 impl Gateway {
@@ -239,7 +242,8 @@ impl Gateway {
         let features = self.score_features(&req)?;
         let trace = req.trace.clone();
         let span = trace.start("admission");
-        let admitted = self.admit(&req).await;
+        let facts = policy.rules.read(&req.text);
+        let (admitted, campaign) = tokio::join!(self.admit(&req), self.campaign(&facts.text, &req));
         trace.end(span, || admission_attributes(&admitted), admitted.as_ref().err().map(ToString::to_string));
         let identity = admitted?;
         let snapshot = self.tenant_snapshot(started, &policy, &identity);
@@ -247,7 +251,8 @@ impl Gateway {
         let inputs =
             Inputs { policy: &policy, scenario, req: &req, snapshot: &snapshot, started, features: features.as_ref() };
         let assessed_at = std::time::SystemTime::now();
-        let assessment = self.assess(&policy, &req, &snapshot);
+        let mut assessment = self.assess(&policy, facts, &req, &snapshot);
+        assessment.campaign = campaign;
         let canonical_span = trace::Canonical {
             start: assessed_at,
             end: std::time::SystemTime::now(),
@@ -380,18 +385,17 @@ impl Gateway {
         Ok(identity)
     }
 
-    /// What the cascade reads of a request: the canonical text (look-alike letters folded,
-    /// invisible characters out, entities decoded, defanged links restored) and its language,
-    /// then the complexity: cheap text statistics, tokens, signal hits from the policy, and the
-    /// number of request features.
+    /// What the cascade reads of a request: its `facts` (the canonical text — look-alike letters
+    /// folded, invisible characters out, entities decoded, defanged links restored — and its
+    /// language, read before admission for the campaign lookup), then the complexity: cheap
+    /// text statistics, tokens, signal hits from the policy, and the number of request features.
     ///
     /// Complexity only steers a request between the two model tiers, so tokens are counted with
     /// the real tokenizer (and the encoding kept for the cpu tier) only where a gpu tier exists
     /// or the caller asked to see the complexity (`explain`); otherwise they are the word count (a lower bound)
     /// and the cpu worker tokenises — off the async runtime, and never for a request that
     /// admission sends past the cpu tier.
-    fn assess(&self, policy: &Policy, req: &ClassifyRequest, snapshot: &LoadSnapshot) -> Assessment {
-        let facts = policy.rules.read(&req.text);
+    fn assess(&self, policy: &Policy, facts: TextFacts, req: &ClassifyRequest, snapshot: &LoadSnapshot) -> Assessment {
         let spec = &policy.complexity;
         let tokens = if snapshot.gpu.unavailable.is_none() || req.explain {
             self.cpu.tokens(&facts.text, spec.tokens_full)
@@ -403,7 +407,16 @@ impl Gateway {
         stats.signal_hits = facts.signals.values().sum::<i64>().max(0) as usize;
         stats.features = req.features.len();
         let complexity = complexity::assess(&stats, spec);
-        Assessment { facts, stats, complexity, encoded: tokens.encoded }
+        Assessment { facts, stats, complexity, encoded: tokens.encoded, campaign: None }
+    }
+
+    /// The request's campaign velocity over its canonical `text` (`None`: `[campaign]` off).
+    /// Run beside the quota check, so the text is read before admission: on the one multiplexed
+    /// Redis connection the two requests share a round trip. A request the rate then refuses
+    /// still counts toward its campaign: it was sent.
+    async fn campaign(&self, text: &str, req: &ClassifyRequest) -> Option<crate::campaign::Velocity> {
+        let campaigns = self.campaigns.as_ref()?;
+        Some(campaigns.lookup(text, req.tenant.as_deref(), &req.features).await)
     }
 
     /// Stamps the request id, policy version, model and latency; counts the decision.

@@ -103,8 +103,13 @@ impl Shadow {
             started: Instant::now(),
             features: recorded.features.as_ref(),
         };
-        let (mut candidate, _) =
-            cascade::run(&inputs, g.assess(&policy, req, snapshot), &Tiers::Replay(recorded)).await.ok()?;
+        let (mut candidate, _) = cascade::run(
+            &inputs,
+            g.assess(&policy, policy.rules.read(&req.text), req, snapshot),
+            &Tiers::Replay(recorded),
+        )
+        .await
+        .ok()?;
         candidate.request_id = live.request_id.clone();
         candidate.policy_version = policy.version.clone();
         candidate.scenario = scenario.map(|s| s.name.clone());

@@ -127,6 +127,7 @@ async fn replay_in(
         stats: TextStats::default(),
         complexity: Complexity { score: 0.2, contributions: BTreeMap::new() },
         encoded: None,
+        campaign: None,
     };
     let inputs = Inputs {
         policy,

@@ -35,6 +35,7 @@ fn chinese_signals_match_both_scripts_and_chinese_digits() {
             tenant: None,
             model: None,
             features_model: None,
+            campaign: None,
         };
         p.rules.guard(&input).matched.map(|(name, action, _)| (name, action))
     };

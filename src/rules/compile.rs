@@ -186,7 +186,10 @@ fn compile_rule(
         report(message)
     };
     for var in program.references().variables() {
-        if !matches!(var, "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model") {
+        if !matches!(
+            var,
+            "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model" | "campaign" | "entity"
+        ) {
             problem(format!("unknown variable `{var}`"));
         }
     }
@@ -219,6 +222,7 @@ fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<Stri
         tenant: None,
         model: None,
         features_model: None,
+        campaign: None,
     };
     match program.execute(&context(env, &input)) {
         Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => None,

@@ -34,12 +34,14 @@ impl RuleSet {
 
 impl TextFacts {
     /// The rules' input for these facts and the request's context (features, tenant, the model
-    /// view of the verdict that stands). Reading the language here detects it if nobody had.
+    /// view of the verdict that stands, the campaign velocity). Reading the language here detects
+    /// it if nobody had.
     pub fn input<'a>(
         &'a self,
         features: &'a serde_json::Map<String, serde_json::Value>,
         tenant: Option<&'a str>,
         model: Option<ModelView>,
+        campaign: Option<&'a crate::campaign::Velocity>,
     ) -> RulesInput<'a> {
         RulesInput {
             text: &self.text,
@@ -50,6 +52,7 @@ impl TextFacts {
             tenant,
             model,
             features_model: None,
+            campaign,
         }
     }
 }

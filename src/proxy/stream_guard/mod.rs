@@ -335,7 +335,7 @@ impl StreamGuard {
             // The app's words are read as a request's are (`RuleSet::read`): look-alikes folded,
             // invisibles out, the same signals; no features, tenant or model view.
             let facts = self.policy.rules.read(&Arc::from(&self.generated[start..end]));
-            let verdict = self.policy.rules.evaluate(&facts.input(&no_features, None, None));
+            let verdict = self.policy.rules.evaluate(&facts.input(&no_features, None, None, None));
             let lang = facts.lang.get().code;
             if verdict.rule.is_some() && self.config.cut_on.contains(&verdict.action) {
                 let window = self.generated[start..end].to_string();

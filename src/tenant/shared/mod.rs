@@ -34,13 +34,15 @@ use tokio::time::Instant;
 /// The quota store of a gateway: [`SharedQuotas`] over Redis when `[tenants.redis]` is set
 /// (falling back to a [`LocalQuotas`]; its metrics registered into `registry`; a connect
 /// started now when called on a runtime, so that the first requests are shared too), else a
-/// [`LocalQuotas`]. Errors name the config key.
+/// [`LocalQuotas`]. Also returns the Redis [`Link`] when there is one, so that other shared
+/// state (the campaign store) rides the same connection and circuit breaker. Errors name the
+/// config key.
 pub fn quota_store(
     redis: Option<&RedisConfig>,
     registry: &mut prometheus_client::registry::Registry,
-) -> Result<Arc<dyn QuotaStore>, String> {
+) -> Result<(Arc<dyn QuotaStore>, Option<Arc<Link>>), String> {
     let Some(config) = redis else {
-        return Ok(Arc::new(LocalQuotas::new()));
+        return Ok((Arc::new(LocalQuotas::new()), None));
     };
     let metrics = SharedQuotaMetrics::register(registry);
     let store = Arc::new(SharedQuotas::new(config, Arc::new(LocalQuotas::new()), metrics)?);
@@ -55,7 +57,8 @@ pub fn quota_store(
         // A failed connect is logged (and counted) by the store; requests take the outage path.
         runtime.spawn(async move { drop(connecting.connect().await) });
     }
-    Ok(store)
+    let link = store.link();
+    Ok((store, Some(link)))
 }
 
 /// The GCRA script (see the file for its keys, arguments and reply).
@@ -87,8 +90,10 @@ pub struct SharedQuotas {
     closed_retry_after: Duration,
 }
 
-/// The connection and its health, shared with the background connect task.
-struct Link {
+/// The connection to Redis and its health (circuit breaker, `tiergate_quota_store_*` metrics),
+/// shared with the background connect task and with the campaign store (the campaign store),
+/// whose round trips count in the same breaker: one Redis, one judgement of whether it answers.
+pub struct Link {
     client: redis::Client,
     conn: Mutex<Option<MultiplexedConnection>>,
     connecting: AtomicBool,
@@ -175,6 +180,11 @@ impl SharedQuotas {
     /// The Redis key of `key`'s calls taken today: `{prefix}daily:{key}`.
     pub fn daily_key(&self, key: &str) -> String {
         format!("{}daily:{key}", self.key_prefix)
+    }
+
+    /// The connection and its breaker, for other state shared through the same Redis.
+    pub fn link(&self) -> Arc<Link> {
+        Arc::clone(&self.link)
     }
 
     /// The circuit breaker's state now (`closed` while Redis answers).
@@ -269,22 +279,38 @@ impl Link {
         key: String,
         args: &[u64],
     ) -> Option<T> {
+        let mut call = script.key(key);
+        for arg in args {
+            call.arg(*arg);
+        }
+        self.run(call).await
+    }
+
+    /// One call of a prepared script invocation (any keys and arguments), under the same
+    /// breaker, timeout and failure accounting as the quota checks: its reply, or `None` when
+    /// Redis could not decide. For shared state beside the quotas (the campaign store).
+    pub async fn run<T: redis::FromRedisValue>(self: &Arc<Self>, call: redis::ScriptInvocation<'_>) -> Option<T> {
         if !self.breaker.try_acquire(Instant::now()) {
             return None;
         }
         let mut permit = Permit { breaker: &self.breaker, judged: false };
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(mut conn) = conn else {
+        let Some(conn) = conn else {
             if !self.connecting.swap(true, Ordering::AcqRel) {
                 permit.judged = true; // the connect task judges this permit
                 self.spawn_connect();
             }
             return None;
         };
-        let mut call = script.key(key);
-        for arg in args {
-            call.arg(*arg);
-        }
+        self.invoke(call, permit, conn).await
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        call: redis::ScriptInvocation<'_>,
+        mut permit: Permit<'_>,
+        mut conn: MultiplexedConnection,
+    ) -> Option<T> {
         let reply = tokio::time::timeout(self.timeout, call.invoke_async::<T>(&mut conn)).await;
         permit.judged = true;
         match reply {

@@ -439,6 +439,25 @@ async fn at_ratio_zero_blocked_decisions_are_still_exported_and_audited_with_the
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_features_model_is_a_span_of_its_own_with_its_step() {
+    let collector = Collector::start();
+    let app = app::start();
+    let mut c = traced(&repo().join("policies"), &collector.url(), &app);
+    c.features_model = Some(tiergate::features_model::FeaturesModelConfig { dir: repo().join("models/features") });
+    let addr = common::start(c);
+    let features = json!({"amount": 1630, "card_not_present": true, "is_night": true, "is_weekend": false,
+                          "billing_shipping_km": 2407});
+    let r = common::classify(addr, json!({"text": common::BENIGN, "features": features})).await;
+    assert_eq!((r.json()["action"].as_str(), r.json()["tier"].as_str()), (Some("block"), Some("features")));
+    let trace_id = r.headers["traceresponse"].to_str().unwrap().split('-').nth(1).unwrap().to_string();
+    let spans = collector.trace(&trace_id, 3).await;
+    let span = spans.iter().find(|s| s.span.name == "tier features").expect("a `tier features` span");
+    assert_eq!(span.attr("tiergate.tier").as_deref(), Some("features"));
+    assert_eq!(span.attr("tiergate.outcome").as_deref(), Some("accepted"));
+    assert!(span.attr("tiergate.risk_score").is_some_and(|r| r.parse::<f64>().unwrap() > 0.9), "{:?}", span.span);
+}
+
 /// The audit record of `request_id`, once the writer has committed it (waits up to 10 s).
 async fn audited(dir: &std::path::Path, request_id: &str) -> tiergate::audit::AuditRecord {
     use tiergate::audit::query::{self, Filter};

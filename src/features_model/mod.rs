@@ -69,6 +69,8 @@ pub struct Scored {
     pub row: Vec<f32>,
     /// `Err`: ONNX Runtime failed or the margin was not finite (the message).
     pub score: Result<Score, String>,
+    /// When scoring started (the trace's `tier features` span), and how long it took.
+    pub at: std::time::SystemTime,
     pub latency_us: u64,
 }
 

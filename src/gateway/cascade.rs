@@ -294,6 +294,7 @@ pub async fn run(
             || decision.path.iter().any(|s| matches!(s.outcome, Outcome::Shed | Outcome::Doomed | Outcome::Timeout)));
     if let Some(scored) = x.features {
         super::features::combine(&mut decision, scored, &x.policy.features_model);
+        super::trace::features(tiers.trace(), scored, &decision);
     }
     let (span, before) = (tiers.trace().start("guards"), decision.path.len());
     super::guard::apply(&mut decision, x.policy, &run.rules_input(x), run.metrics);

@@ -43,12 +43,12 @@ impl Gateway {
                 ApiError::InvalidField { field: format!("features.{name}"), message }
             }
         })?;
-        let started = std::time::Instant::now();
+        let (at, started) = (std::time::SystemTime::now(), std::time::Instant::now());
         let score = model.score(&row).map_err(|e| format!("{e:#}"));
         if let Err(error) = &score {
             tracing::warn!(%error, "the features model failed; the decision is at least review");
         }
-        Ok(Some(Scored { row, score, latency_us: started.elapsed().as_micros() as u64 }))
+        Ok(Some(Scored { row, score, at, latency_us: started.elapsed().as_micros() as u64 }))
     }
 
     /// `explain`'s contributions for a scored request (`None` when it failed).

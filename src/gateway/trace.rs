@@ -25,6 +25,15 @@ pub(super) fn end_tier(trace: &Trace, span: Span, tier: TierName, steps: &[Step]
     trace.end(span, || step_attributes(step), error);
 }
 
+/// The features model's span (`tier features`): it ran before the cascade, from `scored.at` for
+/// its latency; its attributes are its path step's (the last `features` step of `d`).
+pub(super) fn features(trace: &Trace, scored: &crate::features_model::Scored, d: &Decision) {
+    if let Some(step) = d.path.iter().rev().find(|s| s.tier == TierName::Features).filter(|_| trace.is_on()) {
+        let end = scored.at + Duration::from_micros(scored.latency_us);
+        trace.record("tier features", scored.at, end, step_attributes(step));
+    }
+}
+
 /// A step's attributes: tier, outcome, reason, calibrated scores, window, endpoint, rule, latency.
 pub(super) fn step_attributes(step: &Step) -> Vec<KeyValue> {
     let mut a = vec![

@@ -174,5 +174,5 @@ async fn a_teams_own_model_is_packed_from_schema_onnx_and_a_validation_csv() {
     let run = pack(&bad, &out.with_extension("bad"), false);
     assert!(String::from_utf8_lossy(&run.stderr).contains("no column for required feature(s) is_night"), "{run:?}");
     let run = pack(&repo().join("tests/data/features_validation.csv"), &out, true);
-    assert!(String::from_utf8_lossy(&run.stderr).contains("is not empty"), "{run:?}");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("exists and is not empty"), "{run:?}");
 }

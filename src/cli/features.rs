@@ -11,6 +11,7 @@
 //! nor probabilities `[N, 2]`, a CSV without a required feature's column or the label's, a
 //! value the schema cannot read (row and column named), fewer than 20 rows or one class only.
 
+use super::model::{prepare_out, MIN_VALIDATION_ROWS};
 use anyhow::{bail, ensure, Context as _};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -63,9 +64,6 @@ pub struct PackArgs {
     pub force: bool,
 }
 
-/// Least validation rows (as `tiergate model pack`).
-const MIN_ROWS: usize = 20;
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Pack(args) => pack(&args),
@@ -77,7 +75,11 @@ fn pack(a: &PackArgs) -> anyhow::Result<()> {
     let schema = Schema::parse(&schema_text).map_err(|e| anyhow::anyhow!("--schema {}: {e}", a.schema.display()))?;
     let (rows, labels) = read_validation(&a.validation, &a.label_column, &schema)?;
     let positives = labels.iter().filter(|&&l| l == 1).count();
-    ensure!(rows.len() >= MIN_ROWS, "--validation: {} rows; at least {MIN_ROWS} are needed", rows.len());
+    ensure!(
+        rows.len() >= MIN_VALIDATION_ROWS,
+        "--validation: {} rows; at least {MIN_VALIDATION_ROWS} are needed",
+        rows.len()
+    );
     ensure!(
         positives > 0 && positives < rows.len(),
         "--validation: both labels are needed, got {positives} risk of {}",
@@ -196,13 +198,6 @@ fn roc_auc(scores: &[f64], labels: &[usize]) -> f64 {
     let pos = labels.iter().filter(|&&l| l == 1).count() as f64;
     let neg = labels.len() as f64 - pos;
     (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)
-}
-
-fn prepare_out(out: &Path, force: bool) -> anyhow::Result<()> {
-    if out.exists() && std::fs::read_dir(out)?.next().is_some() && !force {
-        bail!("--out {} exists and is not empty (--force to write into it)", out.display());
-    }
-    std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))
 }
 
 fn card(name: &str, schema: &Schema, validation: &Value, t: f64, trees: bool) -> String {

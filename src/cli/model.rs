@@ -287,7 +287,8 @@ fn describe_type(t: &ort::value::ValueType) -> String {
     }
 }
 
-fn prepare_out(out: &Path, force: bool) -> anyhow::Result<()> {
+/// Creates `out`; refuses one that is not empty unless `force` (both pack commands).
+pub fn prepare_out(out: &Path, force: bool) -> anyhow::Result<()> {
     let non_empty = std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(false);
     ensure!(!non_empty || force, "--out {} exists and is not empty (pass --force to write into it)", out.display());
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))

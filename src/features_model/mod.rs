@@ -173,7 +173,9 @@ impl FeaturesModel {
     /// finite (a score that is not a number never passes).
     pub fn score(&self, row: &[f32]) -> anyhow::Result<Score> {
         let margin = self.margin(row)?;
-        Ok(Score { margin, risk: sigmoid(margin / self.temperature) })
+        // One logit against 0: the two-class softmax at T is sigmoid(margin / T).
+        let risk = crate::calibrate::softmax_t(&[0.0, margin as f32], self.temperature)[1];
+        Ok(Score { margin, risk })
     }
 
     fn margin(&self, row: &[f32]) -> anyhow::Result<f64> {
@@ -225,10 +227,6 @@ impl FeaturesModel {
         features.sort_by(|a, b| b.contribution.abs().total_cmp(&a.contribution.abs()));
         Ok(Contributions { method, bias, margin: score.margin, features })
     }
-}
-
-fn sigmoid(z: f64) -> f64 {
-    1.0 / (1.0 + (-z).exp())
 }
 
 #[cfg(test)]

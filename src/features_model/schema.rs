@@ -87,7 +87,7 @@ impl Schema {
                 return Err(format!("feature `{}`: an optional feature needs a finite `missing` value", f.name));
             }
             if let Some(s) = f.standardize {
-                if !s.mean.is_finite() || !(s.std.is_finite() && s.std > 0.0) {
+                if !(s.mean.is_finite() && s.std.is_finite() && s.std > 0.0) {
                     return Err(format!("feature `{}`: standardize needs a finite mean and a std > 0", f.name));
                 }
             }

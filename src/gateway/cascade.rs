@@ -546,6 +546,7 @@ fn cpu_verdict(mut v: ModelVerdict, model_t: Option<f64>, policy: &Policy) -> Mo
 fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Action, path: Vec<Step>) -> Decision {
     Decision {
         request_id: String::new(),
+        record_id: None,
         label: Label::from_risk_score(risk_score),
         risk_score,
         confidence,

@@ -121,6 +121,10 @@ enum Command {
     /// transaction features, its feature schema and a labelled validation CSV into a directory
     /// `[features_model] dir` serves.
     FeaturesModel(cli::features::Args),
+    /// Re-fit the cpu temperature and the block / review thresholds (per scenario) on labelled
+    /// decisions (`POST /v1/feedback`), judged on held-out labels, into a candidate policy
+    /// directory for `[ab]`; refuses a fit that is not better.
+    Tune(cli::tune::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -163,6 +167,7 @@ fn main() -> std::process::ExitCode {
         Command::Drift(args) => cli::drift::run(args),
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
+        Command::Tune(args) => cli::tune::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

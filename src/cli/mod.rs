@@ -7,3 +7,4 @@ pub mod drift;
 pub mod features;
 pub mod model;
 pub mod time;
+pub mod tune;

@@ -282,7 +282,15 @@ fn fit_temperature(args: &Args, input: &Input, skipped: &mut Skipped) -> Option<
     eprintln!("tune: fitting the temperature on {} cpu decisions", fit.labels.len());
     let proposed = fit.fit();
     let proposed = if (proposed - input.current_t).abs() < 0.005 { input.current_t } else { proposed };
-    let judgement = fit::judge_temperature(input.current_t, proposed, &held);
+    let judgement = match fit::judge_temperature(input.current_t, proposed, &held) {
+        // At the edge of the search the score alone separates the labels (or they are too few):
+        // such a temperature would push every score to 0 or 1.
+        Judgement::Improves(_) if !(0.05..20.0).contains(&proposed) => Judgement::Worse(format!(
+            "the fitted temperature {proposed} is at the edge of its range: the labels are separated by the \
+             score alone, or too few to fit a temperature"
+        )),
+        other => other,
+    };
     Some(TemperatureFit { current: input.current_t, proposed, judgement, n: (fit.labels.len(), held.labels.len()) })
 }
 

@@ -39,16 +39,18 @@ pub fn summary(
     let mut s = String::from("## Proposal\n\n");
     let until = args.until.as_deref().unwrap_or("now");
     let _ = writeln!(s, "Labelled decisions from `{}` to `{until}`: {}.", args.since, input.counts.join("; "));
-    let from = if input.policy.calibration.cpu_temperature.is_some() { "the policy's" } else { "the model's" };
+    let from = match input.policy.calibration.cpu_temperature {
+        Some(_) => format!("the policy's; the model's own is {}", input.model_t),
+        None => "the model's own".into(),
+    };
     let _ = writeln!(
         s,
-        "Live policy `{}` (version {}); cpu scores served at temperature {} ({from}; the model's own is {}). \
+        "Live policy `{}` (version {}); cpu scores served at temperature {} ({from}). \
          Fitted on one split, judged on the held-out {} of the decisions (by record id, seed {}); thresholds \
          on a grid of {GRID_STEP}; false-block budget {}.\n",
         input.policy_dir.display(),
         input.policy.version,
         input.current_t,
-        input.model_t,
         args.holdout,
         args.seed,
         args.max_false_block
@@ -68,9 +70,11 @@ pub fn summary(
         let name = group_name(g.scenario.as_deref());
         let _ = writeln!(
             s,
-            "| {name} `block_at` | {} | {} |",
+            "| {name} `block_at` | {} | {} ({} / {} decisions fit / held out) |",
             arrow(g.current.block_at, g.proposed.block_at),
-            judged(&g.block)
+            judged(&g.block),
+            g.n.0,
+            g.n.1
         );
         let (a, b) = (g.current.review_at, g.proposed.review_at);
         let _ = writeln!(s, "| {name} `review_at` | {} | {} |", arrow(a, b), judged(&g.review));

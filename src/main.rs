@@ -121,6 +121,9 @@ enum Command {
     /// transaction features, its feature schema and a labelled validation CSV into a directory
     /// `[features_model] dir` serves.
     FeaturesModel(cli::features::Args),
+    /// Labels for recorded decisions: `tiergate feedback import FILE --admin URL` sends a CSV or
+    /// JSONL of late labels (chargebacks) to a replica's `POST /v1/feedback` in batches.
+    Feedback(cli::feedback::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -163,6 +166,7 @@ fn main() -> std::process::ExitCode {
         Command::Drift(args) => cli::drift::run(args),
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
+        Command::Feedback(args) => cli::feedback::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -257,3 +257,47 @@ async fn in_a_fleet_a_label_sent_to_any_replica_counts_where_its_decision_was_ma
     let down = label(b.admin, json!({"record_id": "somewhere-else", "label": "ok", "source": "analyst"})).await;
     assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "a peer that may hold it did not answer: retry, not 404");
 }
+
+/// `tiergate feedback import`: a chargeback CSV sent in batches to the admin listener; a file
+/// with a bad row sends nothing and names the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_labels_import_in_bulk_and_a_bad_file_sends_nothing() {
+    let dir = scratch("import");
+    let mut config = common::config(&common::repo().join("policies"));
+    config.audit = Some(AuditConfig { dir: dir.join("audit"), ..AuditConfig::default() });
+    let (public, admin, _gateway) = common::start_with_admin(config, Sources::default(), Some(TOKEN));
+    let mut ids = Vec::new();
+    for (i, text) in MIXED.iter().enumerate() {
+        let id = format!("imp-{i}");
+        post(public, "/v1/classify", &[("x-request-id", &id)], &json!({"text": text})).await;
+        ids.push(id);
+    }
+    let import = |file: PathBuf| {
+        let admin = format!("http://{admin}");
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+                .args(["feedback", "import"])
+                .arg(&file)
+                .args(["--admin", &admin, "--batch", "2"])
+                .env("TIERGATE_ADMIN_TOKEN", TOKEN)
+                .output()
+                .unwrap()
+        })
+    };
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, format!("request_id,label\n{},risk\n{},fraud\n", ids[0], ids[1])).unwrap();
+    let out = import(bad).await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 3") && err.contains("label"), "{err}");
+    let good = dir.join("chargebacks.csv");
+    let rows: String = ids.iter().map(|id| format!("{id},risk,\"card, disputed\"\n")).collect();
+    std::fs::write(&good, format!("request_id,label,note\n{rows}never-decided,risk,\n")).unwrap();
+    let out = import(good.clone()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("5 labels") && stdout.contains("4 accepted, 1 unknown"), "{stdout}");
+    assert!(stdout.contains("never-decided"), "{stdout}");
+    let again = import(good).await.unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("4 duplicate, 1 unknown"), "an import can be rerun");
+}

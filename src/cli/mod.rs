@@ -5,5 +5,6 @@ pub mod audit;
 pub mod calibrate;
 pub mod drift;
 pub mod features;
+pub mod feedback;
 pub mod model;
 pub mod time;

@@ -125,6 +125,9 @@ enum Command {
     /// decisions (`POST /v1/feedback`), judged on held-out labels, into a candidate policy
     /// directory for `[ab]`; refuses a fit that is not better.
     Tune(cli::tune::Args),
+    /// Labels for recorded decisions: `tiergate feedback import FILE --admin URL` sends a CSV or
+    /// JSONL of late labels (chargebacks) to a replica's `POST /v1/feedback` in batches.
+    Feedback(cli::feedback::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -168,6 +171,7 @@ fn main() -> std::process::ExitCode {
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
         Command::Tune(args) => cli::tune::run(args),
+        Command::Feedback(args) => cli::feedback::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -30,17 +30,7 @@ pub enum Part {
     Review,
 }
 
-/// Re-fit a policy's cpu temperature and thresholds on labelled decisions.
-///
-/// Reads the labelled decisions (`POST /v1/feedback`) decided in the window from the audit store,
-/// read-only (a running tiergate keeps writing). Fits on a split and judges on the held-out rest:
-/// the temperature must lower the held-out NLL; a block threshold (the lowest on a 0.01 grid whose
-/// false-block rate on the fit split is within --max-false-block) must keep the held-out
-/// false-block rate within it and block at least as much risk; a review threshold (the lowest
-/// whose review share is within --max-review-share) must allow no more risk. A fit that is not
-/// better is refused (exit 1, saying why); too few labels too, naming how many are needed.
-/// What is better is written to --out: the live policy directory with only those values changed
-/// (comments and layout kept), and TUNE.md with the rates before and after and the diff.
+/// `tiergate tune`'s flags (its help text is the `Tune` command's, in main.rs).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The audit data directory holding audit.db. Default: `[audit] dir` of the config.

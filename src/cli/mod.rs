@@ -8,3 +8,4 @@ pub mod features;
 pub mod feedback;
 pub mod model;
 pub mod time;
+pub mod tune;

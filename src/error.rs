@@ -54,6 +54,9 @@ pub enum ApiError {
     /// 401: `/admin/*` without the right bearer token.
     #[error("admin routes need `Authorization: Bearer <token>`")]
     Unauthorized,
+    /// 401: a public-listener route that only a tenant authenticated by its API key may use.
+    #[error("this route needs a tenant's API key (`x-api-key`, `[tenants.api_keys]`)")]
+    NoApiKey,
     /// 422: a policy reload was refused; the last good policy keeps serving.
     #[error("policy refused, the last good policy keeps serving: {} problem(s)", problems.len())]
     PolicyInvalid { problems: Vec<String> },
@@ -118,7 +121,7 @@ impl ApiError {
             ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } | ApiError::UnknownScenario { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::NoApiKey => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } | ApiError::UnknownRecord { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -141,7 +144,7 @@ impl ApiError {
             ApiError::UnknownRecord { .. } => "unknown_record",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
-            ApiError::Unauthorized => "unauthorized",
+            ApiError::Unauthorized | ApiError::NoApiKey => "unauthorized",
             ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
             ApiError::Timeout { .. } => "request_timeout",
@@ -202,6 +205,7 @@ impl ApiError {
             | ApiError::UnknownRecord { .. }
             | ApiError::MethodNotAllowed { .. }
             | ApiError::Unauthorized
+            | ApiError::NoApiKey
             | ApiError::PolicyInvalid { .. }
             | ApiError::Blocked { .. }
             | ApiError::Unscreened { .. }

@@ -211,6 +211,14 @@ async fn a_tenant_labels_only_its_own_decisions_and_bad_labels_name_their_field(
         reply.json()["record_id"].as_str().unwrap().to_string()
     };
     let (pay, chat) = (decide("key-pay").await, decide("key-chat").await);
+    // Request ids are the clients': both tenants used `shared-1`, chat last. Each labels its own.
+    for key in ["key-pay", "key-chat"] {
+        post(public, "/v1/classify", &[("x-api-key", key), ("x-request-id", "shared-1")], &json!({"text": BENIGN}))
+            .await;
+    }
+    let by_request = json!({"request_id": "shared-1", "label": "ok", "source": "user_report"});
+    let own_by_request = post(public, "/v1/feedback", &[("x-api-key", "key-pay")], &by_request).await;
+    assert_eq!(own_by_request.json()["results"][0]["outcome"], "accepted", "{:?}", own_by_request.body);
     let body = |id: &str| json!({"record_id": id, "label": "risk", "source": "user_report"});
     let own = post(public, "/v1/feedback", &[("x-api-key", "key-pay")], &body(&pay)).await;
     assert_eq!((own.status, own.json()["results"][0]["outcome"].as_str()), (StatusCode::OK, Some("accepted")));
@@ -218,6 +226,7 @@ async fn a_tenant_labels_only_its_own_decisions_and_bad_labels_name_their_field(
     assert_eq!(other.status, StatusCode::NOT_FOUND, "another tenant's decision is not there for it");
     let anonymous = post(public, "/v1/feedback", &[], &body(&pay)).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert!(anonymous.json()["error"]["message"].as_str().unwrap().contains("x-api-key"), "{:?}", anonymous.body);
     let no_token = post(admin, "/v1/feedback", &[], &body(&chat)).await;
     assert_eq!(no_token.status, StatusCode::UNAUTHORIZED, "the admin listener's token guards labels");
     for (bad, field) in [
@@ -230,6 +239,16 @@ async fn a_tenant_labels_only_its_own_decisions_and_bad_labels_name_their_field(
         assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{:?}", reply.body);
         assert_eq!(reply.json()["error"]["field"], field);
     }
+    let repeated = r#"{"record_id": "r", "label": "ok", "label": "risk", "source": "analyst"}"#;
+    let repeated = common::send(
+        admin,
+        "POST",
+        "/v1/feedback",
+        &[("content-type", "application/json"), ("authorization", &format!("Bearer {TOKEN}"))],
+        repeated,
+    )
+    .await;
+    assert_eq!(repeated.status, StatusCode::BAD_REQUEST, "a repeated key is refused as on every door");
     let wrong_method =
         common::send(admin, "GET", "/v1/feedback", &[("authorization", &format!("Bearer {TOKEN}"))], "").await;
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
@@ -290,18 +309,30 @@ async fn in_a_fleet_a_label_sent_to_any_replica_counts_where_its_decision_was_ma
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(seen, (want_a, want_b), "each replica counts the labels of its own decisions");
+    // Four labels sent, each counted once in the fleet's sum: where its record is, or as unknown
+    // where it was sent.
+    let mut fleet: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for admin in [a.admin, b.admin] {
+        for (l, v) in samples(admin, "tiergate_feedback_labels_total").await {
+            *fleet.entry((l["source"].clone(), l["outcome"].clone())).or_default() += v;
+        }
+    }
+    fleet.retain(|_, v| *v > 0.0);
+    let pairs = [("chargeback", "accepted", 2.0), ("chargeback", "duplicate", 1.0), ("analyst", "unknown", 1.0)];
+    assert_eq!(fleet, pairs.map(|(s, o, n)| ((s.to_string(), o.to_string()), n)).into());
     drop(a);
     let down = label(b.admin, json!({"record_id": "somewhere-else", "label": "ok", "source": "analyst"})).await;
     assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "a peer that may hold it did not answer: retry, not 404");
 }
 
-/// `tiergate feedback import`: a chargeback CSV sent in batches to the admin listener; a file
-/// with a bad row sends nothing and names the line.
+/// `tiergate feedback import`: a chargeback CSV sent in batches to the admin listener, cut to
+/// the replica's body limit; a file with a bad row sends nothing and names the line it is on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_labels_import_in_bulk_and_a_bad_file_sends_nothing() {
     let dir = scratch("import");
     let mut config = common::config(&common::repo().join("policies"));
     config.audit = Some(AuditConfig { dir: dir.join("audit"), ..AuditConfig::default() });
+    config.server.max_body_bytes = 1024;
     let (public, admin, _gateway) = common::start_with_admin(config, Sources::default(), Some(TOKEN));
     let mut ids = Vec::new();
     for (i, text) in MIXED.iter().enumerate() {
@@ -309,32 +340,39 @@ async fn late_labels_import_in_bulk_and_a_bad_file_sends_nothing() {
         post(public, "/v1/classify", &[("x-request-id", &id)], &json!({"text": text})).await;
         ids.push(id);
     }
-    let import = |file: PathBuf| {
-        let admin = format!("http://{admin}");
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
-                .args(["feedback", "import"])
-                .arg(&file)
-                .args(["--admin", &admin, "--batch", "2"])
-                .env("TIERGATE_ADMIN_TOKEN", TOKEN)
-                .output()
-                .unwrap()
-        })
+    let import = |file: &PathBuf, extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"));
+        command.args(["feedback", "import"]).arg(file).args(["--admin", &format!("http://{admin}")]).args(extra);
+        command.env("TIERGATE_ADMIN_TOKEN", TOKEN);
+        tokio::task::spawn_blocking(move || command.output().unwrap())
     };
+    // The bad row starts on line 6: after a blank line and a note over two lines.
     let bad = dir.join("bad.csv");
-    std::fs::write(&bad, format!("request_id,label\n{},risk\n{},fraud\n", ids[0], ids[1])).unwrap();
-    let out = import(bad).await.unwrap();
-    assert!(!out.status.success());
+    let rows = format!("request_id,label,note\n{},risk,\n\n{},ok,\"two\nlines\"\n{},fraud,\n", ids[0], ids[1], ids[2]);
+    std::fs::write(&bad, rows).unwrap();
+    let out = import(&bad, &["--source", "chargeback"]).await.unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("line 3") && err.contains("label"), "{err}");
+    assert!(!out.status.success() && err.contains("line 6: `label`"), "{err}");
     let good = dir.join("chargebacks.csv");
-    let rows: String = ids.iter().map(|id| format!("{id},risk,\"card, disputed\"\n")).collect();
+    let note = "card, disputed: ".repeat(12);
+    let rows: String = ids.iter().map(|id| format!("{id},risk,\"{note}\"\n")).collect();
     std::fs::write(&good, format!("request_id,label,note\n{rows}never-decided,risk,\n")).unwrap();
-    let out = import(good.clone()).await.unwrap();
+    let out = import(&good, &[]).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("line 2: no `source`"),
+        "a row without a source needs --source: {err}"
+    );
+    // Over the replica's 1 KiB body limit the replica answers 413, named with the flag to set.
+    let out = import(&good, &["--source", "chargeback"]).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("413") && err.contains("--max-body-bytes"), "{err}");
+    let fits = ["--source", "chargeback", "--max-body-bytes", "1024"];
+    let out = import(&good, &fits).await.unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("5 labels") && stdout.contains("4 accepted, 1 unknown"), "{stdout}");
     assert!(stdout.contains("never-decided"), "{stdout}");
-    let again = import(good).await.unwrap();
+    let again = import(&good, &fits).await.unwrap();
     assert!(String::from_utf8_lossy(&again.stdout).contains("4 duplicate, 1 unknown"), "an import can be rerun");
 }

@@ -97,6 +97,9 @@ impl Peers {
         })
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {} ms", self.timeout.as_millis()))??;
+        if matches!(response.0, http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN) {
+            anyhow::bail!("refused this replica's admin token (the fleet's replicas share one `[admin] token`)");
+        }
         anyhow::ensure!(response.0.is_success(), "answered {}", response.0);
         #[derive(serde::Deserialize)]
         struct Answer {

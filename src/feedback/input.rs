@@ -4,7 +4,7 @@
 
 use super::Truth;
 use crate::error::ApiError;
-use serde::Deserialize;
+use serde_json::Value;
 
 /// Most labels in one request body.
 pub const MAX_BATCH: usize = 1000;
@@ -66,41 +66,52 @@ impl Label {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    record_id: Option<String>,
-    request_id: Option<String>,
-    label: String,
-    source: String,
-    reviewer: Option<String>,
-    note: Option<String>,
-}
+/// A label's fields, in the order the docs list them.
+const FIELDS: [&str; 6] = ["record_id", "request_id", "label", "source", "reviewer", "note"];
 
-/// The labels in `body` (one object or an array), each checked. Errors: malformed JSON, an
-/// array over [`MAX_BATCH`] or empty, and per label (field `labels[i].name`, or `name` for one
-/// object): an unknown field, neither or both of `record_id`/`request_id`, `label` not
-/// `risk`/`ok`, `source` not 1-32 of `a-z 0-9 _`, an over-long `reviewer` or `note`.
-pub fn parse_labels(body: &[u8]) -> Result<Vec<Label>, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
-    match value {
-        serde_json::Value::Array(items) => {
+/// The labels in `body` (one object or an array, parsed: the endpoint parses with
+/// `web::json::parse`, which refuses a repeated key), each checked. Errors: an array over
+/// [`MAX_BATCH`] or empty, and
+/// per label (field `labels[i].name`, or `name` for one object): not an object, an unknown
+/// field, a field that is not a string, neither or both of `record_id`/`request_id`, `label`
+/// not `risk`/`ok`, `source` missing or not 1-32 of `a-z 0-9 _`, a `reviewer` or `note` over
+/// its limit or carrying control or bidirectional-override characters.
+pub fn parse_labels(body: Value) -> Result<Vec<Label>, ApiError> {
+    match body {
+        Value::Array(items) => {
             if items.is_empty() || items.len() > MAX_BATCH {
                 return Err(ApiError::invalid(
                     "labels",
                     format!("give 1 to {MAX_BATCH} labels in one request, got {}", items.len()),
                 ));
             }
-            items.into_iter().enumerate().map(|(i, v)| parse_one(v, &format!("labels[{i}]."))).collect()
+            items.into_iter().enumerate().map(|(i, v)| parse_one(v, &format!("labels[{i}]"))).collect()
         }
         value => Ok(vec![parse_one(value, "")?]),
     }
 }
 
-fn parse_one(value: serde_json::Value, at: &str) -> Result<Label, ApiError> {
-    let raw: Raw = serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("{at}body"), e.to_string()))?;
-    let field = |name: &str| format!("{at}{name}");
-    let target = match (raw.record_id, raw.request_id) {
+/// One label at `at` (`labels[3]`, or empty for a body of one object).
+fn parse_one(value: Value, at: &str) -> Result<Label, ApiError> {
+    let field = |name: &str| if at.is_empty() { name.to_string() } else { format!("{at}.{name}") };
+    let Value::Object(mut object) = value else {
+        let whole = if at.is_empty() { "body" } else { at };
+        return Err(ApiError::invalid(
+            whole,
+            "a label is a JSON object with `record_id` or `request_id`, `label`, `source`",
+        ));
+    };
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::invalid(field(unknown), format!("unknown field; a label has {}", FIELDS.join(", "))));
+    }
+    let mut take = |name: &str| match object.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ApiError::invalid(field(name), format!("a string, got {}", json_type(&other)))),
+    };
+    let (record_id, request_id) = (take("record_id")?, take("request_id")?);
+    let (label, source, reviewer, note) = (take("label")?, take("source")?, take("reviewer")?, take("note")?);
+    let target = match (record_id, request_id) {
         (Some(id), None) => Target::RecordId(id),
         (None, Some(id)) => Target::RequestId(id),
         _ => return Err(ApiError::invalid(field("record_id"), "give exactly one of `record_id` and `request_id`")),
@@ -110,29 +121,60 @@ fn parse_one(value: serde_json::Value, at: &str) -> Result<Label, ApiError> {
         let name = if matches!(target, Target::RecordId(_)) { "record_id" } else { "request_id" };
         return Err(ApiError::invalid(field(name), format!("1 to {MAX_ID_BYTES} visible ASCII characters")));
     }
-    let truth = Truth::parse(&raw.label)
-        .ok_or_else(|| ApiError::invalid(field("label"), format!("`risk` or `ok`, got `{}`", raw.label)))?;
-    let source_ok = !raw.source.is_empty()
-        && raw.source.len() <= MAX_SOURCE_BYTES
-        && raw.source.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    let label = label.ok_or_else(|| ApiError::invalid(field("label"), "required: `risk` or `ok`"))?;
+    let truth = Truth::parse(&label)
+        .ok_or_else(|| ApiError::invalid(field("label"), format!("`risk` or `ok`, got `{label}`")))?;
+    let source = source.unwrap_or_default();
+    let source_ok = !source.is_empty()
+        && source.len() <= MAX_SOURCE_BYTES
+        && source.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     if !source_ok {
         return Err(ApiError::invalid(
             field("source"),
-            format!("1 to {MAX_SOURCE_BYTES} of a-z, 0-9 and _ (analyst, chargeback, user_report, ...)"),
+            format!("required, 1 to {MAX_SOURCE_BYTES} of a-z, 0-9 and _ (analyst, chargeback, user_report, ...)"),
         ));
     }
-    if raw.reviewer.as_ref().is_some_and(|r| r.is_empty() || r.len() > MAX_REVIEWER_BYTES) {
-        return Err(ApiError::invalid(field("reviewer"), format!("1 to {MAX_REVIEWER_BYTES} bytes")));
+    if reviewer.as_ref().is_some_and(|r| r.is_empty() || r.len() > MAX_REVIEWER_BYTES || !plain(r, false)) {
+        let limit = format!("1 to {MAX_REVIEWER_BYTES} bytes, no control or bidirectional-override characters");
+        return Err(ApiError::invalid(field("reviewer"), limit));
     }
-    if raw.note.as_ref().is_some_and(|n| n.chars().count() > MAX_NOTE_CHARS) {
-        return Err(ApiError::invalid(field("note"), format!("at most {MAX_NOTE_CHARS} characters")));
+    if note.as_ref().is_some_and(|n| n.chars().count() > MAX_NOTE_CHARS || !plain(n, true)) {
+        let limit = format!("at most {MAX_NOTE_CHARS} characters, no control characters but newline and tab, no bidirectional overrides");
+        return Err(ApiError::invalid(field("note"), limit));
     }
-    Ok(Label { target, truth, source: raw.source, reviewer: raw.reviewer, note: raw.note, tenant_scope: None })
+    Ok(Label { target, truth, source, reviewer, note, tenant_scope: None })
+}
+
+/// Free of what would mislead a reader of a report, a console or a Kafka consumer: control
+/// characters (newline and tab allowed in `lines`) and the bidirectional embeddings, overrides
+/// and isolates (U+202A-U+202E, U+2066-U+2069) that reorder what is shown (the "Trojan Source"
+/// characters, CVE-2021-42574).
+fn plain(s: &str, lines: bool) -> bool {
+    s.chars().all(|c| {
+        let allowed_control = lines && (c == '\n' || c == '\t');
+        (!c.is_control() || allowed_control) && !matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+/// The JSON type of `v`, for an error message.
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(body: &[u8]) -> Result<Vec<Label>, ApiError> {
+        parse_labels(serde_json::from_slice(body).unwrap())
+    }
 
     fn field(e: ApiError) -> String {
         match e {
@@ -143,21 +185,39 @@ mod tests {
 
     #[test]
     fn one_object_or_an_array_each_field_checked_by_name() {
-        let one = parse_labels(br#"{"record_id":"r1","label":"risk","source":"analyst"}"#).unwrap();
+        let one = parse(br#"{"record_id":"r1","label":"risk","source":"analyst"}"#).unwrap();
         assert_eq!(one[0].target, Target::RecordId("r1".into()));
         assert_eq!(one[0].truth, Truth::Risk);
-        let many = parse_labels(
+        let many = parse(
             br#"[{"request_id":"q","label":"ok","source":"chargeback","reviewer":"ann"},
                  {"record_id":"r","label":"nope","source":"analyst"}]"#,
         );
         assert_eq!(field(many.unwrap_err()), "labels[1].label");
-        let both = parse_labels(br#"{"record_id":"a","request_id":"b","label":"ok","source":"analyst"}"#);
+        let both = parse(br#"{"record_id":"a","request_id":"b","label":"ok","source":"analyst"}"#);
         assert_eq!(field(both.unwrap_err()), "record_id");
-        let source = parse_labels(br#"{"record_id":"a","label":"ok","source":"Analyst!"}"#);
+        let source = parse(br#"{"record_id":"a","label":"ok","source":"Analyst!"}"#);
         assert_eq!(field(source.unwrap_err()), "source");
-        let extra = parse_labels(br#"{"record_id":"a","label":"ok","source":"analyst","tenant_scope":"x"}"#);
-        assert_eq!(field(extra.unwrap_err()), "body", "a client cannot set the tenant scope");
-        assert_eq!(field(parse_labels(b"[]").unwrap_err()), "labels");
-        assert!(matches!(parse_labels(b"{"), Err(ApiError::MalformedJson(_))));
+        let extra = parse(br#"{"record_id":"a","label":"ok","source":"analyst","tenant_scope":"x"}"#);
+        assert_eq!(field(extra.unwrap_err()), "tenant_scope", "a client cannot set the tenant scope");
+        assert_eq!(field(parse(b"[]").unwrap_err()), "labels");
+    }
+
+    #[test]
+    fn types_missing_fields_and_hidden_characters_name_their_field() {
+        for (body, at) in [
+            (r#"{"record_id":"a","label":1,"source":"analyst"}"#, "label"),
+            (r#"{"record_id":"a","label":null,"source":"analyst"}"#, "label"),
+            (r#"{"record_id":"a","label":"ok"}"#, "source"),
+            (r#"{"record_id":"a","label":"ok","source":5}"#, "source"),
+            (r#"[{"record_id":"a","label":"ok","source":"analyst","reviewer":"an\u0000n"}]"#, "labels[0].reviewer"),
+            (r#"{"record_id":"a","label":"ok","source":"analyst","note":"refund \u202egnp.exe"}"#, "note"),
+            (r#"["r1"]"#, "labels[0]"),
+            (r#""r1""#, "body"),
+            (r#"[["r1",null,"ok","analyst",null,null]]"#, "labels[0]"),
+        ] {
+            assert_eq!(field(parse(body.as_bytes()).unwrap_err()), at, "{body}");
+        }
+        let note = r#"{"record_id":"a","label":"ok","source":"analyst","note":"line one\n\tline two"}"#;
+        assert_eq!(parse(note.as_bytes()).unwrap()[0].note.as_deref(), Some("line one\n\tline two"));
     }
 }

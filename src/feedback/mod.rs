@@ -131,9 +131,15 @@ impl Feedback {
     }
 
     /// Counts `applied` (of `labels`) and, when any changed the store, asks for a refresh of live
-    /// quality.
-    pub fn counted(&self, labels: &[Label], applied: &[Applied]) {
+    /// quality. Each label counts once across a fleet: where its record is (a peer's find is
+    /// counted by the peer, not again by the replica that forwarded it), and an `unknown` only
+    /// by the replica the client sent it to (`forwarded`: this request came from a peer).
+    pub fn counted(&self, labels: &[Label], applied: &[Applied], forwarded: bool) {
         for (label, a) in labels.iter().zip(applied) {
+            let here = a.replica.is_none();
+            if !here || (forwarded && a.outcome == Outcome::Unknown) {
+                continue;
+            }
             let key =
                 quality::LabelOutcome { source: quality::source_label(&label.source), outcome: a.outcome.as_str() };
             self.metrics.labels.get_or_create(&key).inc();

@@ -159,8 +159,8 @@ impl Refresher {
         m.by_lang.clear();
         m.by_tenant_class.clear();
         for (i, dim) in counts.iter().enumerate() {
-            for ((w, value, action, truth), n) in dim {
-                let (window, value, action, truth) = (window(*w), value.clone(), action.clone(), truth.as_str());
+            for ((w, value, action, truth), n) in with_zeros(dim) {
+                let (window, truth) = (window(w), truth.as_str());
                 let gauge = match i {
                     0 => m.by_tier.get_or_create(&ByTier { window, tier: value, action, truth }).clone(),
                     1 => m.by_rule.get_or_create(&ByRule { window, rule: value, action, truth }).clone(),
@@ -170,7 +170,7 @@ impl Refresher {
                         m.by_tenant_class.get_or_create(&ByTenantClass { window, class: value, action, truth }).clone()
                     }
                 };
-                gauge.set(*n);
+                gauge.set(n);
             }
         }
         for (w, (confidence, correct)) in calibration.iter().enumerate() {
@@ -180,4 +180,21 @@ impl Refresher {
             m.ece.get_or_create(&labels).set(ece);
         }
     }
+}
+
+/// `counts` with a 0 for every action and truth of each (window, value) that has any label, so a
+/// ratio of two series (false blocks over ok-labelled decisions) reads 0 rather than no data.
+/// A value with no labelled decision in a window has no series there: the families stay bounded.
+fn with_zeros(counts: &Counts) -> Counts {
+    let mut actions: std::collections::BTreeSet<&str> = ["allow", "review", "block"].into();
+    actions.extend(counts.keys().map(|(_, _, action, _)| action.as_str()));
+    let mut all = counts.clone();
+    for (w, value, ..) in counts.keys() {
+        for action in &actions {
+            for truth in [Truth::Risk, Truth::Ok] {
+                all.entry((*w, value.clone(), action.to_string(), truth)).or_default();
+            }
+        }
+    }
+    all
 }

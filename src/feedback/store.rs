@@ -83,16 +83,24 @@ struct Found {
     record: serde_json::Value,
 }
 
-fn find(tx: &Transaction<'_>, target: &Target) -> rusqlite::Result<Option<Found>> {
+/// The record `target` names; under a tenant `scope`, only among that tenant's (a request id is
+/// the client's and can repeat across tenants: the newest of the scope's own is taken).
+fn find(tx: &Transaction<'_>, target: &Target, scope: Option<&str>) -> rusqlite::Result<Option<Found>> {
     let columns = "id, record_id, request_id, unix_ms, tenant, tier, action, record";
+    let within = if scope.is_some() { "AND tenant = ?2" } else { "AND ?2 IS NULL" };
     let (sql, id) = match target {
-        Target::RecordId(id) => (format!("SELECT {columns} FROM records WHERE record_id = ?1 AND {DECIDED}"), id),
-        Target::RequestId(id) => {
-            (format!("SELECT {columns} FROM records WHERE request_id = ?1 AND {DECIDED} ORDER BY id DESC LIMIT 1"), id)
+        Target::RecordId(id) => {
+            (format!("SELECT {columns} FROM records WHERE record_id = ?1 {within} AND {DECIDED}"), id)
         }
+        Target::RequestId(id) => (
+            format!(
+                "SELECT {columns} FROM records WHERE request_id = ?1 {within} AND {DECIDED} ORDER BY id DESC LIMIT 1"
+            ),
+            id,
+        ),
     };
     tx.prepare_cached(&sql)?
-        .query_row([id], |r| {
+        .query_row(params![id, scope], |r| {
             Ok(Found {
                 row: r.get(0)?,
                 record_id: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
@@ -115,8 +123,7 @@ pub fn apply(tx: &Transaction<'_>, labels: &[Label], now_ms: u64) -> anyhow::Res
 }
 
 fn apply_one(tx: &Transaction<'_>, label: &Label, now_ms: u64) -> anyhow::Result<Applied> {
-    let found = find(tx, &label.target)?
-        .filter(|f| label.tenant_scope.as_ref().is_none_or(|scope| f.tenant.as_deref() == Some(scope.as_str())));
+    let found = find(tx, &label.target, label.tenant_scope.as_deref())?;
     let Some(f) = found.filter(|f| !f.record_id.is_empty()) else {
         let (record_id, request_id) = match &label.target {
             Target::RecordId(id) => (Some(id.clone()), None),

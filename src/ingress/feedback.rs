@@ -37,13 +37,13 @@ pub(super) async fn feedback(app: &App, req: Request<Incoming>) -> Result<Respon
             let identity = g.tenants.resolve(&parts.headers, None, None)?;
             match (identity.source, identity.name) {
                 (crate::tenant::Source::ApiKey, Some(tenant)) => (Some(tenant), false),
-                _ => return Err(ApiError::Unauthorized),
+                _ => return Err(ApiError::NoApiKey),
             }
         }
     };
     web::require_json(&parts.headers)?;
     let bytes = web::read_body(&parts.headers, body, app.server.max_body_bytes).await?;
-    let mut labels = parse_labels(&bytes)?;
+    let mut labels = parse_labels(web::json::parse(&bytes)?)?;
     for label in &mut labels {
         label.tenant_scope = scope.clone();
     }
@@ -52,7 +52,7 @@ pub(super) async fn feedback(app: &App, req: Request<Incoming>) -> Result<Respon
     let forwarding = unknown && !forwarded && !feedback.peers.is_empty();
     let reached =
         if forwarding { feedback.peers.forward(&labels, &mut applied, scope.as_deref()).await } else { Ok(()) };
-    feedback.counted(&labels, &applied);
+    feedback.counted(&labels, &applied, forwarded);
     if let Err(unreachable) = reached {
         tracing::warn!(peer = %unreachable.0, "a label's record may be on a replica that did not answer");
         return Err(ApiError::Shed {

@@ -73,6 +73,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// Campaign and entity velocity (`[campaign]`); off by default.
     pub campaign: crate::campaign::CampaignConfig,
+    /// Labels and live quality (`[feedback]`); on with `[audit]`.
+    pub feedback: crate::feedback::FeedbackConfig,
 }
 
 impl Default for Config {
@@ -96,6 +98,7 @@ impl Default for Config {
             features_model: None,
             cache: CacheConfig::default(),
             campaign: Default::default(),
+            feedback: Default::default(),
         }
     }
 }
@@ -176,6 +179,8 @@ impl Config {
             features_model: self.features_model.as_ref(),
             cache: &self.cache,
             campaign: &self.campaign,
+            feedback: &self.feedback,
+            admin_token: self.admin.token.as_deref(),
         }
     }
 
@@ -193,6 +198,7 @@ impl Config {
         self.tracing.check()?;
         self.cache.validate()?;
         self.campaign.validate()?;
+        self.feedback.validate()?;
         let s = &self.server;
         let m = &self.model;
         let mut positive = vec![

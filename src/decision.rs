@@ -80,6 +80,10 @@ impl Step {
 #[derive(Debug, Clone, Serialize)]
 pub struct Decision {
     pub request_id: String,
+    /// The decision's audit record id (a UUIDv7), when the audit trail is on: what a label
+    /// (`POST /v1/feedback`) names it by. Omitted without the trail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_id: Option<String>,
     pub label: Label,
     /// Calibrated probability of risk (model tiers) or the matching rule's score (rules).
     pub risk_score: f64,

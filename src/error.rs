@@ -36,6 +36,10 @@ pub enum ApiError {
     /// 404
     #[error("no route for {path}")]
     NotFound { path: String },
+    /// 404: a label (`POST /v1/feedback`) names a decision record that is not here: never made,
+    /// past retention, another tenant's, or a shadow record. `field`: `record_id` or `request_id`.
+    #[error("no decision record with {field} `{id}` (unknown, or past the audit trail's retention)")]
+    UnknownRecord { field: &'static str, id: String },
     /// 405
     #[error("method {method} is not allowed on {path}; allowed: {allowed}")]
     MethodNotAllowed { method: String, path: String, allowed: &'static str },
@@ -115,7 +119,7 @@ impl ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::NotFound { .. } | ApiError::UnknownRecord { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -134,6 +138,7 @@ impl ApiError {
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::UnknownScenario { .. } => "unknown_scenario",
             ApiError::NotFound { .. } => "not_found",
+            ApiError::UnknownRecord { .. } => "unknown_record",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unauthorized => "unauthorized",
@@ -160,6 +165,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => Some("tenant"),
             ApiError::UnknownScenario { .. } => Some("scenario"),
             ApiError::RepeatedHeader { header, .. } => Some(header),
+            ApiError::UnknownRecord { field, .. } => Some(field),
             _ => None,
         }
     }
@@ -193,6 +199,7 @@ impl ApiError {
             | ApiError::NotImplemented(_) => false,
             // Not outcomes of screening: refused whatever the mode.
             ApiError::NotFound { .. }
+            | ApiError::UnknownRecord { .. }
             | ApiError::MethodNotAllowed { .. }
             | ApiError::Unauthorized
             | ApiError::PolicyInvalid { .. }

@@ -7,7 +7,8 @@
 //! and what comes after each stage, runs the [`tier`]s (cpu model, gpu model) with
 //! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`], whose signals
 //! also feed the [`drift`] monitor. [`policy`] and
-//! [`signals`] are its inputs, [`metrics`], [`trace`]s and the [`audit`] trail its side outputs, [`error`] the one place errors
+//! [`signals`] are its inputs, [`metrics`], [`trace`]s and the [`audit`] trail its side outputs
+//! ([`feedback`] labels join the trail's records), [`error`] the one place errors
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
 pub mod action;
@@ -22,6 +23,7 @@ pub mod decision;
 pub mod drift;
 pub mod error;
 pub mod features_model;
+pub mod feedback;
 pub mod gateway;
 pub mod ingress;
 pub mod malloc;

@@ -230,6 +230,7 @@ async fn after_the_writer_stopped_requests_are_refused_not_answered_without_a_re
 /// A record no response waits on (a shadow disagreement) for `id`.
 fn detached(id: &str) -> Draft {
     Draft {
+        record_id: tiergate::audit::record::record_id(0),
         request_id: id.into(),
         unix_ms: tiergate::audit::record::now_ms(),
         kind: Kind::Shadow,

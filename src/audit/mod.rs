@@ -271,6 +271,28 @@ impl Audit {
     }
 
     /// The store as a sink's outbox.
+    /// Writes `labels` through the writer thread, after every record queued before them, and
+    /// says what became of each. Errors: 503 when the writer's control queue is full or it has
+    /// stopped, 500 when the store refused the transaction (nothing of it was written; a retry
+    /// is safe, labels being idempotent).
+    pub async fn feedback(
+        &self,
+        labels: Vec<crate::feedback::Label>,
+    ) -> Result<Vec<crate::feedback::Applied>, ApiError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let busy = |reason: &str| ApiError::Shed { reason: reason.into(), retry_after_s: 1 };
+        match self.control.try_send(Control::Feedback { labels, reply }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(busy("the audit writer is busy; retry the labels")),
+            Err(TrySendError::Disconnected(_)) => return Err(busy("the audit trail's writer has stopped")),
+        }
+        match answer.await {
+            Ok(Ok(applied)) => Ok(applied),
+            Ok(Err(e)) => Err(ApiError::Internal(format!("writing the labels: {e:#}"))),
+            Err(_) => Err(busy("the audit trail's writer has stopped")),
+        }
+    }
+
     pub fn outbox(&self) -> Arc<dyn Outbox> {
         Arc::clone(&self.outbox) as Arc<dyn Outbox>
     }

@@ -20,7 +20,8 @@ pub struct Pending {
 
 /// What a sink needs of the store.
 pub trait Outbox: Send + Sync + 'static {
-    /// Oldest records not yet shipped, at most `limit`, in id order.
+    /// Oldest records not yet shipped, at most `limit`, in id order; then labels
+    /// (`crate::feedback`), with negated ids.
     fn unshipped(&self, limit: usize) -> anyhow::Result<Vec<Pending>>;
     /// Marks records shipped (after the broker acknowledged them).
     fn mark_shipped(&self, ids: &[i64]) -> anyhow::Result<()>;
@@ -67,15 +68,17 @@ impl SqliteOutbox {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sets the `shipped` column of unshipped records to `state`, in one transaction.
+    /// Sets the `shipped` column of unshipped records (ids > 0) and labels (ids < 0, see
+    /// [`Outbox::unshipped`]) to `state`, in one transaction.
     fn mark(&self, ids: &[i64], state: i64) -> anyhow::Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut changed = 0;
         {
-            let mut stmt = tx.prepare_cached("UPDATE records SET shipped = ?2 WHERE id = ?1 AND shipped = 0")?;
-            for id in ids {
-                changed += stmt.execute([*id, state])? as u64;
+            let mut record = tx.prepare_cached("UPDATE records SET shipped = ?2 WHERE id = ?1 AND shipped = 0")?;
+            let mut label = tx.prepare_cached("UPDATE feedback SET shipped = ?2 WHERE id = ?1 AND shipped = 0")?;
+            for &id in ids {
+                changed += if id > 0 { record.execute([id, state])? } else { label.execute([-id, state])? } as u64;
             }
         }
         tx.commit()?;
@@ -96,7 +99,15 @@ impl Outbox for SqliteOutbox {
         let rows = stmt.query_map([limit as i64], |r| {
             Ok(Pending { id: r.get(0)?, key: r.get(1)?, payload: r.get::<_, String>(2)?.into_bytes() })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut pending: Vec<Pending> = rows.collect::<Result<_, _>>()?;
+        // Labels after records (a label's record ships first), with negated ids: one id space
+        // for `mark_*`, whose callers only hand back what this returned.
+        let room = limit.saturating_sub(pending.len());
+        if room > 0 {
+            let labels = crate::feedback::store::unshipped(&conn, room)?;
+            pending.extend(labels.into_iter().map(|(id, key, payload)| Pending { id: -id, key, payload }));
+        }
+        Ok(pending)
     }
 
     fn mark_shipped(&self, ids: &[i64]) -> anyhow::Result<()> {

@@ -167,6 +167,8 @@ pub struct AuditRecord {
 /// A record before the writer renders its text and path.
 #[derive(Debug, Clone)]
 pub struct Draft {
+    /// The record's own id (a UUIDv7), made with the draft so that the response can name it.
+    pub record_id: String,
     pub request_id: String,
     pub unix_ms: u64,
     pub kind: Kind,
@@ -197,7 +199,7 @@ pub fn now_ms() -> u64 {
 /// A UUIDv7 (RFC 9562) for a record decided at `unix_ms`: the time, then 74 random bits —
 /// taken from a v4, the generator this build has — so that ids sort by time and do not repeat
 /// across restarts or instances.
-fn record_id(unix_ms: u64) -> String {
+pub fn record_id(unix_ms: u64) -> String {
     let random = uuid::Uuid::new_v4();
     let bytes: &[u8; 10] = random.as_bytes()[..10].try_into().expect("a UUID has 16 bytes");
     uuid::Builder::from_unix_timestamp_millis(unix_ms, bytes).into_uuid().to_string()
@@ -231,8 +233,10 @@ impl Draft {
     pub fn new(event: Event<'_>, route: Option<&str>, model: ModelRef) -> Draft {
         let route = route.map(str::to_string);
         let unix_ms = now_ms();
+        let record_id = record_id(unix_ms);
         match event {
             Event::Decided { kind, decision: d } => Draft {
+                record_id,
                 request_id: d.request_id.clone(),
                 unix_ms,
                 kind,
@@ -253,6 +257,7 @@ impl Draft {
                 trace_id: d.subject.trace_id.clone(),
             },
             Event::Unscreened { request_id, policy_version, reason } => Draft {
+                record_id,
                 request_id: request_id.to_string(),
                 unix_ms,
                 kind: Kind::Screen,
@@ -275,6 +280,7 @@ impl Draft {
                 trace_id: None,
             },
             Event::StreamCut { request_id, tenant, policy_version, action, step, lang, text } => Draft {
+                record_id,
                 request_id: request_id.to_string(),
                 unix_ms,
                 kind: Kind::StreamCut,
@@ -310,8 +316,7 @@ impl Draft {
             self.path.iter().map(|s| serde_json::to_value(s).unwrap_or_default()).collect();
         path.extend(self.note);
         AuditRecord {
-            // Made once per record on the writer thread; a retried commit keeps it.
-            record_id: record_id(self.unix_ms),
+            record_id: self.record_id,
             request_id: self.request_id,
             unix_ms: self.unix_ms,
             kind: self.kind,

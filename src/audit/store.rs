@@ -41,6 +41,11 @@ CREATE INDEX IF NOT EXISTS records_kind ON records (kind, unix_ms);
 CREATE INDEX IF NOT EXISTS records_unshipped ON records (id) WHERE shipped = 0;
 ";
 
+/// Added after the first stores were written: each record's own id as a column, so that a label
+/// (`POST /v1/feedback`) finds its record by index. Older rows keep it `NULL`.
+const RECORD_ID_COLUMN: &str = "ALTER TABLE records ADD COLUMN record_id TEXT";
+const RECORD_ID_INDEX: &str = "CREATE INDEX IF NOT EXISTS records_record_id ON records (record_id)";
+
 /// SQLite's answer when it must create the WAL's `-shm` file in a directory it cannot write.
 fn is_read_only_directory(e: &anyhow::Error) -> bool {
     e.downcast_ref::<rusqlite::Error>().and_then(|e| e.sqlite_error()).is_some_and(|e| {
@@ -94,6 +99,13 @@ impl Store {
         anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "SQLite refused WAL mode ({mode})");
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA).context("creating the audit schema")?;
+        let has_record_id: bool =
+            conn.prepare("SELECT 1 FROM pragma_table_info('records') WHERE name = 'record_id'")?.exists([])?;
+        if !has_record_id {
+            conn.execute_batch(RECORD_ID_COLUMN).context("adding the record_id column")?;
+        }
+        conn.execute_batch(RECORD_ID_INDEX)?;
+        conn.execute_batch(crate::feedback::store::SCHEMA).context("creating the feedback table")?;
         Ok(conn)
     }
 
@@ -190,8 +202,8 @@ impl Store {
         let tx = self.conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT INTO records (request_id, unix_ms, kind, tenant, route, action, tier, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO records (request_id, unix_ms, kind, tenant, route, action, tier, record, record_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?;
             for r in records {
                 let json = serde_json::to_string(r)?;
@@ -203,7 +215,8 @@ impl Store {
                     r.route,
                     r.action.as_str(),
                     r.tier.as_str(),
-                    json
+                    json,
+                    r.record_id
                 ])?;
             }
         }
@@ -211,9 +224,23 @@ impl Store {
         Ok(())
     }
 
-    /// Records not shipped yet.
+    /// Writes `labels` in one transaction and says what became of each
+    /// ([`crate::feedback::store::apply`]).
+    pub fn feedback(
+        &mut self,
+        labels: &[crate::feedback::Label],
+        now_ms: u64,
+    ) -> anyhow::Result<Vec<crate::feedback::Applied>> {
+        let tx = self.conn.transaction()?;
+        let applied = crate::feedback::store::apply(&tx, labels, now_ms)?;
+        tx.commit()?;
+        Ok(applied)
+    }
+
+    /// Records and labels not shipped yet.
     pub fn unshipped_count(&self) -> anyhow::Result<u64> {
-        Ok(self.conn.query_row("SELECT COUNT(*) FROM records WHERE shipped = 0", [], |r| r.get::<_, i64>(0))? as u64)
+        let sql = "SELECT (SELECT COUNT(*) FROM records WHERE shipped = 0) + (SELECT COUNT(*) FROM feedback WHERE shipped = 0)";
+        Ok(self.conn.query_row(sql, [], |r| r.get::<_, i64>(0))? as u64)
     }
 
     /// Bytes of the database file in use (pages not on the free list).
@@ -262,6 +289,8 @@ impl Store {
             deleted.unshipped += unshipped;
         }
         if deleted.by_age + deleted.by_size > 0 {
+            // A label lives as long as its record.
+            crate::feedback::store::retain(&self.conn)?;
             self.conn.execute_batch("PRAGMA incremental_vacuum;")?;
         }
         Ok(deleted)

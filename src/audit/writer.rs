@@ -20,6 +20,7 @@ use super::review_text::ReviewTexts;
 use super::store::{Retention, Store};
 use super::text::TextPolicy;
 use super::AuditMetrics;
+use crate::feedback::{Applied, Label, Outcome};
 use crate::metrics::KindLabels;
 use crossbeam_channel::{select, Receiver};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,9 @@ pub(super) enum Control {
     /// The queue reached its wake-up length (`flush_max_records`, or half the queue when that is
     /// less): commit now rather than at the interval.
     Full,
+    /// Write these labels (after the records queued before them, which they may name) and
+    /// answer what became of each.
+    Feedback { labels: Vec<Label>, reply: tokio::sync::oneshot::Sender<anyhow::Result<Vec<Applied>>> },
 }
 
 pub(super) struct Writer {
@@ -135,6 +139,15 @@ impl Writer {
                     let _ = resume.recv();
                 }
                 Control::Full => {}
+                Control::Feedback { labels, reply } => {
+                    let applied = self.store.feedback(&labels, now_ms());
+                    if let Ok(applied) = &applied {
+                        let changed =
+                            applied.iter().filter(|a| matches!(a.outcome, Outcome::Accepted | Outcome::Updated));
+                        self.backlog.add(changed.count() as u64);
+                    }
+                    let _ = reply.send(applied);
+                }
                 Control::Stop => {
                     // Whatever raced in behind the stop is written too.
                     while !self.records.is_empty() || !self.overflow.is_empty() {

@@ -9,12 +9,16 @@ use crate::error::ApiError;
 
 impl Gateway {
     /// The record phase: queues the audit record of `event` (`route`: the proxy route or layer
-    /// that screened; `None` for the classify endpoint), naming the model behind it. Errors only
-    /// under `[audit] on_full = "block"` when the queue is full: a 503 (`ApiError::Shed`) for
-    /// the caller to answer with instead of the decision.
-    pub fn record(&self, event: Event<'_>, route: Option<&str>) -> Result<(), ApiError> {
-        let Some(audit) = &self.audit else { return Ok(()) };
-        audit.submit(self.draft(event, route))
+    /// that screened; `None` for the classify endpoint), naming the model behind it, and returns
+    /// the record's id (`None` without the trail). Errors only under `[audit] on_full = "block"`
+    /// when the queue is full: a 503 (`ApiError::Shed`) for the caller to answer with instead of
+    /// the decision.
+    pub fn record(&self, event: Event<'_>, route: Option<&str>) -> Result<Option<String>, ApiError> {
+        let Some(audit) = &self.audit else { return Ok(None) };
+        let draft = self.draft(event, route);
+        let record_id = draft.record_id.clone();
+        audit.submit(draft)?;
+        Ok(Some(record_id))
     }
 
     /// [`Gateway::record`] for a record no response waits on (a shadow disagreement): see

@@ -519,6 +519,7 @@ impl Run<'_> {
 fn decision(tier: TierName, risk_score: f64, confidence: Option<f64>, action: Action, path: Vec<Step>) -> Decision {
     Decision {
         request_id: String::new(),
+        record_id: None,
         label: Label::from_risk_score(risk_score),
         risk_score,
         confidence,

@@ -38,6 +38,10 @@ pub struct GatewayConfig<'a> {
     pub cache: &'a super::CacheConfig,
     /// `[campaign]`: campaign and entity velocity (shared through `[tenants.redis]` when set).
     pub campaign: &'a crate::campaign::CampaignConfig,
+    /// `[feedback]`: live quality windows and the fleet's peers (with `[audit]` only).
+    pub feedback: &'a crate::feedback::FeedbackConfig,
+    /// `[admin] token`: what this replica presents to its peers when it forwards a label.
+    pub admin_token: Option<&'a str>,
 }
 
 /// `[shadow]`: a candidate policy, and/or a candidate model, evaluated beside the live ones on a

@@ -28,6 +28,21 @@ fn campaigns(
     Ok(campaigns.map(Arc::new))
 }
 
+/// Labels and live quality over the audit store (`None` without `[audit]`); its metrics
+/// registered either way.
+fn feedback(
+    config: &GatewayConfig<'_>,
+    tenants: &Arc<Tenants>,
+    metrics: &mut Metrics,
+) -> anyhow::Result<Option<Arc<crate::feedback::Feedback>>> {
+    let registered = crate::feedback::quality::QualityMetrics::register(metrics.registry_mut());
+    let Some(audit) = config.audit else { return Ok(None) };
+    let db = audit.dir.join(crate::audit::store::DB_FILE);
+    let token = config.admin_token.map(str::to_string);
+    let started = crate::feedback::Feedback::start(config.feedback, db, Arc::clone(tenants), registered, token)?;
+    Ok(Some(Arc::new(started)))
+}
+
 impl Gateway {
     /// Loads ONNX Runtime, the models and the policies, and starts the background samplers,
     /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
@@ -61,6 +76,7 @@ impl Gateway {
         let campaigns =
             campaigns(config, redis.zip(shared_quotas.as_ref().map(|r| r.key_prefix.clone())), &mut metrics)?;
         let ab = super::ab::Ab::start(config.ab, config.limits, metrics.registry_mut())?;
+        let feedback = feedback(config, &tenants, &mut metrics)?;
         let audit =
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let shadow_log =
@@ -100,6 +116,7 @@ impl Gateway {
             features_model,
             verdicts,
             campaigns,
+            feedback,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

@@ -104,6 +104,8 @@ pub struct Gateway {
     pub verdicts: Option<cache::VerdictCache>,
     /// `[campaign]`: campaign and entity velocity, when on.
     pub campaigns: Option<Arc<crate::campaign::Campaigns>>,
+    /// Labels' peers and live quality (`crate::feedback`); with the audit trail only.
+    pub feedback: Option<Arc<crate::feedback::Feedback>>,
 }
 
 impl Gateway {

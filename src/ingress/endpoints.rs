@@ -1,6 +1,7 @@
 //! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
-//! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow), and
-//! on the admin listener `/admin/policy` and `/admin/reload`. Handlers return `Result`; the
+//! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow),
+//! `POST /v1/feedback` (labels: `super::feedback`), and on the admin listener `/admin/policy`
+//! and `/admin/reload`. Handlers return `Result`; the
 //! server turns errors into responses.
 
 use super::app::{App, Role};
@@ -45,11 +46,19 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
                 _ => {}
             }
             authorize(req.headers(), token.as_deref())?;
+            if path == "/v1/feedback" {
+                return match method {
+                    Method::POST => super::feedback::feedback(app, req).await,
+                    _ => Err(not_allowed(&method, path, "POST")),
+                };
+            }
             return admin(app, &path, &method).await;
         }
     };
     match (path.as_str(), &method) {
         ("/v1/classify", &Method::POST) => classify(app, req).await,
+        ("/v1/feedback", &Method::POST) => super::feedback::feedback(app, req).await,
+        ("/v1/feedback", _) => Err(not_allowed(&method, path, "POST")),
         ("/healthz", &Method::GET | &Method::HEAD) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         ("/readyz", &Method::GET | &Method::HEAD) if views.readyz_details => Ok(readyz(app)),
         // The status and its code are what probes need; the rest (thresholds, tier state) stays
@@ -93,12 +102,12 @@ async fn classify(app: &App, req: Request<Incoming>) -> Result<Response<Full<Byt
     }
     let request_id = headers::client_request_id(&parts.headers).unwrap_or_default().to_string();
     let trace = request.trace.clone();
-    let decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
+    let mut decision = app.gateway.classify_public(request, request_id, &parts.headers).await?;
     let span = trace.start("record");
     let recorded = app.gateway.record(Event::Decided { kind: Kind::Classify, decision: &decision }, None);
     let audited = app.gateway.audit.is_some() && recorded.is_ok();
     trace.end(span, || vec![KeyValue::new(attr::AUDITED, audited)], None);
-    recorded?;
+    decision.record_id = recorded?;
     Ok(json_response(StatusCode::OK, &decision))
 }
 

@@ -7,6 +7,7 @@ mod app;
 mod config;
 mod conn;
 mod endpoints;
+mod feedback;
 mod runtime;
 mod server;
 

@@ -106,7 +106,7 @@ fn record(
         }
         (Err(_), None) => return Ok(()),
     };
-    door.port.record(event, door.name)
+    door.port.record(event, door.name).map(drop)
 }
 
 /// The dispose phase: applies the route's action mapping and failure mode. `Ok` goes on, `Err`

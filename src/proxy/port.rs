@@ -101,7 +101,7 @@ impl Port {
 
     /// The request's audit record (kind `screen`), from the route named `route`. A full queue
     /// under `on_full = "block"` is a 503.
-    pub fn record(&self, event: Event<'_>, route: &str) -> Result<(), ApiError> {
+    pub fn record(&self, event: Event<'_>, route: &str) -> Result<Option<String>, ApiError> {
         self.gateway.record(event, Some(route))
     }
 

@@ -147,6 +147,13 @@ impl Tenants {
         self.accept_claimed
     }
 
+    /// The class of `tenant` as a recorded decision names it: a known tenant's class, else the
+    /// default class (unknown and unidentified tenants).
+    pub fn class_of(&self, tenant: Option<&str>) -> &str {
+        let state = tenant.and_then(|t| self.known.get(t)).unwrap_or(&self.unknown);
+        &state.class.name
+    }
+
     /// The identity of a request nothing identified.
     pub fn unknown(&self) -> Identity {
         Identity { name: None, source: Source::None, state: Arc::clone(&self.unknown) }

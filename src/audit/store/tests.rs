@@ -126,3 +126,85 @@ fn a_backup_is_a_consistent_copy_taken_while_another_connection_holds_the_write_
     let again = Store::backup(&dir, &out).unwrap_err().to_string();
     assert!(again.contains("exists"), "an existing file is not overwritten: {again}");
 }
+
+/// Labels (`crate::feedback::store`) in the store they live in.
+mod feedback {
+    use super::*;
+    use crate::feedback::store::{labelled, labels, unshipped};
+    use crate::feedback::{Label, Outcome, Target, Truth};
+
+    fn label(target: Target, truth: Truth, source: &str) -> Label {
+        Label { target, truth, source: source.into(), reviewer: None, note: None, tenant_scope: None }
+    }
+
+    fn outcomes(store: &mut Store, labels: &[Label]) -> Vec<Outcome> {
+        store.feedback(labels, 5_000).unwrap().into_iter().map(|a| a.outcome).collect()
+    }
+
+    #[test]
+    fn a_label_joins_its_record_once_per_source_and_the_strongest_source_counts() {
+        let mut store = fresh("feedback-join");
+        let mut blocked = record("q1", 1_000);
+        blocked.action = RecordedAction::Block;
+        blocked.risk_score = Some(0.97);
+        blocked.scenario = Some("payments".into());
+        let mut shadow = record("q1", 1_001);
+        shadow.kind = Kind::Shadow;
+        shadow.record_id = "rec-shadow".into();
+        store.insert(&[blocked, record("q2", 2_000), shadow]).unwrap();
+        let by_record = |id: &str, truth, source| label(Target::RecordId(id.into()), truth, source);
+        let got = outcomes(
+            &mut store,
+            &[
+                by_record("rec-q1", Truth::Ok, "analyst"),
+                by_record("rec-q1", Truth::Ok, "analyst"),
+                by_record("rec-q1", Truth::Risk, "chargeback"),
+                label(Target::RequestId("q2".into()), Truth::Ok, "user_report"),
+                by_record("rec-q2", Truth::Risk, "user_report"),
+                by_record("nope", Truth::Ok, "analyst"),
+                by_record("rec-shadow", Truth::Ok, "analyst"),
+            ],
+        );
+        use Outcome::*;
+        assert_eq!(got, [Accepted, Duplicate, Accepted, Accepted, Updated, Unknown, Unknown]);
+        let counted = labelled(store.connection(), 0, u64::MAX).unwrap();
+        assert_eq!(counted.len(), 2, "one per record");
+        assert_eq!(
+            (counted[0].record_id.as_str(), counted[0].truth, counted[0].source.as_str()),
+            ("rec-q1", Truth::Risk, "chargeback")
+        );
+        assert_eq!(
+            (counted[0].action.as_str(), counted[0].risk_score, counted[0].scenario.as_deref()),
+            ("block", Some(0.97), Some("payments"))
+        );
+        assert_eq!((counted[0].decided_ms, counted[0].received_ms), (1_000, 5_000), "windows key on decision time");
+        assert_eq!(counted[1].truth, Truth::Risk, "the update replaced the label");
+        assert_eq!(labels(store.connection(), 0, u64::MAX).unwrap().len(), 3);
+        assert_eq!(labelled(store.connection(), 1_500, u64::MAX).unwrap().len(), 1, "decided in the window");
+        let shipped = unshipped(store.connection(), 10).unwrap();
+        assert_eq!(shipped.len(), 3);
+        let payload: serde_json::Value = serde_json::from_slice(&shipped[0].2).unwrap();
+        assert_eq!((payload["type"].as_str(), payload["record_id"].as_str()), (Some("feedback"), Some("rec-q1")));
+        assert_eq!(shipped[0].1, "q1", "keyed like its record");
+    }
+
+    #[test]
+    fn a_tenant_scope_sees_only_its_own_records_and_labels_go_with_their_records() {
+        let mut store = fresh("feedback-scope");
+        store.insert(&[record("a", 1_000), record("b", 2_000)]).unwrap();
+        let mut scoped = label(Target::RecordId("rec-a".into()), Truth::Risk, "user_report");
+        scoped.tenant_scope = Some("t2".into());
+        assert_eq!(outcomes(&mut store, &[scoped.clone()]), [Outcome::Unknown], "another tenant's record");
+        scoped.tenant_scope = Some("t1".into());
+        let b = label(Target::RecordId("rec-b".into()), Truth::Ok, "analyst");
+        assert_eq!(outcomes(&mut store, &[scoped, b]), [Outcome::Accepted, Outcome::Accepted]);
+        let limits = Retention { max_bytes: u64::MAX, max_age_ms: Some(10_000), shipped_first: false };
+        store.retain(&limits, 11_500).unwrap();
+        let left = labelled(store.connection(), 0, u64::MAX).unwrap();
+        assert_eq!(
+            left.iter().map(|l| l.record_id.as_str()).collect::<Vec<_>>(),
+            ["rec-b"],
+            "retention took rec-a's label"
+        );
+    }
+}

@@ -54,6 +54,10 @@ pub enum ApiError {
     /// 401: `/admin/*` without the right bearer token.
     #[error("admin routes need `Authorization: Bearer <token>`")]
     Unauthorized,
+    /// 403: a state-changing request of the review console without its session's CSRF token,
+    /// or from another origin; `reason` says which.
+    #[error("{reason}")]
+    Forbidden { reason: String },
     /// 422: a policy reload was refused; the last good policy keeps serving.
     #[error("policy refused, the last good policy keeps serving: {} problem(s)", problems.len())]
     PolicyInvalid { problems: Vec<String> },
@@ -109,7 +113,9 @@ impl ApiError {
             | ApiError::BadFraming(_)
             | ApiError::BadTarget(_)
             | ApiError::RepeatedHeader { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Blocked { .. } | ApiError::Unscreened { .. } => StatusCode::FORBIDDEN,
+            ApiError::Blocked { .. } | ApiError::Unscreened { .. } | ApiError::Forbidden { .. } => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -142,6 +148,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
             ApiError::Timeout { .. } => "request_timeout",
@@ -202,6 +209,7 @@ impl ApiError {
             | ApiError::UnknownRecord { .. }
             | ApiError::MethodNotAllowed { .. }
             | ApiError::Unauthorized
+            | ApiError::Forbidden { .. }
             | ApiError::PolicyInvalid { .. }
             | ApiError::Blocked { .. }
             | ApiError::Unscreened { .. }

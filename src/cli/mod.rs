@@ -5,5 +5,7 @@ pub mod audit;
 pub mod calibrate;
 pub mod drift;
 pub mod features;
+pub mod feedback;
 pub mod model;
 pub mod time;
+pub mod tune;

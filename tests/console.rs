@@ -247,6 +247,8 @@ async fn an_analyst_labels_five_decisions_with_the_keyboard_and_the_live_panel_f
     let ids: Vec<String> = decisions.iter().map(|d| d["record_id"].as_str().unwrap().to_string()).collect();
     let browser = Browser::start();
     let client = browser.session().await;
+    // Tall enough for the screenshots to show an item's path below its attributions.
+    client.set_window_size(1280, 1100).await.unwrap();
     browser_sign_in(&client, &server, "ana").await;
     wait_for(&client, &text_of("queue-count"), "7").await;
     // Live quality before any label: refreshed, nothing labelled.

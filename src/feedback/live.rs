@@ -1,7 +1,7 @@
 //! Live quality as one snapshot per refresh: per window, the labelled decisions by action and
 //! truth over all dimensions, the four rates docs/operations.md "Live quality" defines over them,
 //! and the served models' ECE — the same numbers the `tiergate_quality_*` gauges carry, read in
-//! process by the review console's panel (`crate::console`), so that it needs no Prometheus.
+//! process by the review console's panel, so that it needs no Prometheus.
 
 use super::Truth;
 use serde::Serialize;

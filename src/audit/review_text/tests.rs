@@ -66,3 +66,20 @@ fn retention_outside_one_hour_to_a_month_is_refused_naming_the_key() {
     assert_eq!(at(1), Ok(()));
     assert_eq!(at(720), Ok(()));
 }
+
+#[test]
+fn the_bundled_configs_commented_section_is_valid_and_turns_the_store_on() {
+    let bundled = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/tiergate.toml")).unwrap();
+    let at = bundled.find("# [audit.review_text]").expect("config/tiergate.toml documents [audit.review_text]");
+    let section: String = bundled[at..]
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let text = format!("[audit]\ndir = \"audit\"\n{section}");
+    let config = crate::config::Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let audit = config.audit.expect("[audit] is on");
+    assert_eq!(audit.review_text, ReviewTextConfig { enabled: true, retention_hours: 72 });
+    audit.review_text.validate().unwrap();
+}

@@ -302,13 +302,27 @@ async fn an_analyst_labels_five_decisions_with_the_keyboard_and_the_live_panel_f
     wait_for(&client, "document.getElementById('item').dataset.recordId", &ids[6]).await;
     wait_for(&client, "document.getElementById('item').dataset.explained", "true").await;
     screenshot(&client, "console-queue.png").await;
+    server_has_the_five_labels(&server, &ids, &steps).await;
+
+    // A held key labels once: `o` and two auto-repeats of it label the selected decision, not
+    // the one after it too. (chromedriver does not mark a repeated key-down as a repeat, so the
+    // page gets the browser's events for a held key from a script.)
+    let held = "for (const repeat of [false, true, true]) {
+        document.body.dispatchEvent(new KeyboardEvent('keydown', {key: 'o', repeat, bubbles: true}));
+    }";
+    client.execute(held, vec![]).await.unwrap();
+    wait_for(&client, &text_of("status"), &format!("Labelled ok: {} (accepted)", ids[6])).await;
+    wait_for(&client, &text_of("q-waiting"), "1").await;
+    let queue = server.admin_get("/admin/review/queue").await.json();
+    assert_eq!((queue["waiting"].as_u64(), queue["items"][0]["record_id"].as_str()), (Some(1), Some(ids[2].as_str())));
     refused_in_the_browser(&client, &server, &ids[2]).await;
     client.close().await.unwrap();
-    server_has_the_five_labels(&server, &ids, &steps).await;
+    let after = server.admin_get("/admin/review/queue").await.json();
+    assert_eq!(after["waiting"], 1, "the refused requests labelled nothing");
 }
 
 /// The server agrees with the page: two wait, the five labels from analyst `ana` on the right
-/// records with the right truth (and none from the refused requests), counted in the metrics.
+/// records with the right truth, counted in the metrics.
 async fn server_has_the_five_labels(server: &Server, ids: &[String], steps: &[(char, usize, &str)]) {
     let queue = server.admin_get("/admin/review/queue").await.json();
     assert_eq!(queue["waiting"], 2);

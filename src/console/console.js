@@ -302,6 +302,8 @@
     const act = actions[e.key];
     if (!act) return;
     e.preventDefault();
+    // A held key repeats: moving on is fine, labelling one item after another unseen is not.
+    if (e.repeat && (e.key === 'r' || e.key === 'o')) return;
     act();
   });
   for (const [id, truth] of [['btn-risk', 'risk'], ['btn-ok', 'ok']]) {

@@ -42,7 +42,7 @@ pub(super) fn page(cx: &Context<'_>, req: &Request<Incoming>) -> Response<Full<B
 pub(super) async fn login(cx: &Context<'_>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     let (parts, body) = req.into_parts();
     let token_set = cx.token.is_some();
-    if let Err(e) = session::same_origin(&parts.headers) {
+    if let Err(e) = session::same_origin(&parts.headers, &parts.uri) {
         return Ok(page::login(StatusCode::FORBIDDEN, Some(&e.to_string()), "", token_set));
     }
     let bytes = web::read_body(&parts.headers, body, cx.max_body_bytes).await?;
@@ -75,7 +75,7 @@ fn cookie(value: &str) -> Result<HeaderValue, ApiError> {
 /// token: another site cannot sign the analyst out).
 pub(super) fn logout(cx: &Context<'_>, req: &Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     if let Some(s) = signed_in(cx, req.headers()) {
-        s.check_csrf(&Keys::new(cx.token), req.headers())?;
+        s.check_csrf(&Keys::new(cx.token), req.headers(), req.uri())?;
     }
     let mut response = Response::new(Full::new(Bytes::new()));
     *response.status_mut() = StatusCode::NO_CONTENT;
@@ -227,7 +227,7 @@ fn shown_text(record: &Value, kept: Option<String>) -> (Value, Option<String>) {
 pub(super) async fn label(cx: &Context<'_>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ApiError> {
     let (parts, body) = req.into_parts();
     let Some(s) = signed_in(cx, &parts.headers) else { return Err(ApiError::Unauthorized) };
-    s.check_csrf(&Keys::new(cx.token), &parts.headers)?;
+    s.check_csrf(&Keys::new(cx.token), &parts.headers, &parts.uri)?;
     let g = cx.gateway;
     let Some(audit) = &g.audit else { return Err(ApiError::NotFound { path: "/admin/review/label".into() }) };
     web::require_json(&parts.headers)?;

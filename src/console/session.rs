@@ -13,14 +13,14 @@
 //!   `Path=/admin`, valid for [`MAX_AGE_S`].
 //! * **CSRF.** A state-changing request (a label, logout) must carry the session's CSRF token —
 //!   an HMAC of the cookie under the same key, rendered into the page and sent by its script in
-//!   `x-tiergate-csrf` — and an `Origin` whose host and port are the request's `Host`. The login
-//!   form needs the matching `Origin` too. Reads (the queue, an item, the quality panel) need the
-//!   session or the bearer token, and answer JSON without CORS headers, which another origin's
-//!   script cannot read.
+//!   `x-tiergate-csrf` — and an `Origin` whose host and port are the request's `Host` (or HTTP/2
+//!   authority). The login form needs the matching `Origin` too. Reads (the queue, an item, the
+//!   quality panel) need the session or the bearer token, and answer JSON without CORS headers,
+//!   which another origin's script cannot read.
 
 use crate::error::ApiError;
 use hmac::{Hmac, Mac};
-use http::{header, HeaderMap};
+use http::{header, HeaderMap, Uri};
 use sha2::{Digest, Sha256};
 use std::sync::OnceLock;
 use subtle::ConstantTimeEq;
@@ -123,12 +123,12 @@ impl Session {
         keys.mac("csrf", &self.value)
     }
 
-    /// Checks a state-changing request: its `x-tiergate-csrf` is this session's token and its
-    /// origin is the console's ([`same_origin`]).
+    /// Checks a state-changing request (its `headers`, sent to `uri`): its `x-tiergate-csrf` is
+    /// this session's token and its origin is the console's ([`same_origin`]).
     ///
     /// Errors: `Forbidden` naming what is missing or wrong.
-    pub fn check_csrf(&self, keys: &Keys, headers: &HeaderMap) -> Result<(), ApiError> {
-        same_origin(headers)?;
+    pub fn check_csrf(&self, keys: &Keys, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+        same_origin(headers, uri)?;
         let given = headers.get(CSRF_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
         if given.is_empty() {
             return Err(forbidden(format!("the console's requests carry the `{CSRF_HEADER}` header; reload the page")));
@@ -149,13 +149,17 @@ fn forbidden(reason: String) -> ApiError {
     ApiError::Forbidden { reason }
 }
 
-/// Checks that the request's `Origin` names the host and port it was sent to (`Host`, or the
-/// HTTP/2 authority): browsers send `Origin` with every `POST`, so a missing one is refused too.
+/// Checks that the request's `Origin` names the host and port it was sent to: its `Host`, or
+/// over HTTP/2 (no `Host` header) the URI's authority. Browsers send `Origin` with every `POST`,
+/// so a missing one is refused too. Behind a reverse proxy, the proxy must pass `Host` through.
 ///
 /// Errors: `Forbidden` naming the origin.
-pub fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+pub fn same_origin(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
     let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let host = match headers.get(header::HOST) {
+        Some(host) => host.to_str().unwrap_or_default(),
+        None => uri.authority().map(|a| a.as_str()).unwrap_or_default(),
+    };
     let authority = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
     match authority {
         Some(authority) if !host.is_empty() && authority.eq_ignore_ascii_case(host) => Ok(()),

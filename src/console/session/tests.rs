@@ -51,9 +51,11 @@ fn a_state_change_needs_the_sessions_csrf_token_and_the_same_origin() {
     let session = Session::issue(&keys, "ana", NOW);
     let csrf = session.csrf(&keys);
     let host = ("host", "127.0.0.1:9090");
+    // HTTP/1.1: the path only; the host is in `Host`.
+    let path: Uri = "/admin/review/label".parse().unwrap();
     let ok = headers(&[host, ("origin", "http://127.0.0.1:9090"), (CSRF_HEADER, &csrf)]);
-    assert!(session.check_csrf(&keys, &ok).is_ok());
-    let refused = |h: HeaderMap| session.check_csrf(&keys, &h).unwrap_err().to_string();
+    assert!(session.check_csrf(&keys, &ok, &path).is_ok());
+    let refused = |h: HeaderMap| session.check_csrf(&keys, &h, &path).unwrap_err().to_string();
     assert_eq!(refused(headers(&[host, (CSRF_HEADER, &csrf)])), "the console's requests carry an `Origin` header");
     assert_eq!(
         refused(headers(&[host, ("origin", "http://evil.example"), (CSRF_HEADER, &csrf)])),
@@ -63,8 +65,15 @@ fn a_state_change_needs_the_sessions_csrf_token_and_the_same_origin() {
     let other = Session::issue(&keys, "ana", NOW).csrf(&keys);
     assert!(refused(headers(&[host, ("origin", "http://127.0.0.1:9090"), (CSRF_HEADER, &other)]))
         .contains("is not this session's"));
-    let status = session.check_csrf(&keys, &headers(&[host])).unwrap_err().status();
+    let status = session.check_csrf(&keys, &headers(&[host]), &path).unwrap_err().status();
     assert_eq!(status, http::StatusCode::FORBIDDEN);
+    // HTTP/2: no `Host`, the authority in the URI.
+    let h2: Uri = "http://127.0.0.1:9090/admin/review/label".parse().unwrap();
+    let origin = headers(&[("origin", "http://127.0.0.1:9090"), (CSRF_HEADER, &csrf)]);
+    assert!(session.check_csrf(&keys, &origin, &h2).is_ok());
+    let evil = headers(&[("origin", "http://evil.example"), (CSRF_HEADER, &csrf)]);
+    assert!(session.check_csrf(&keys, &evil, &h2).is_err());
+    assert!(same_origin(&headers(&[("origin", "http://127.0.0.1:9090")]), &path).is_err(), "no host at all");
 }
 
 #[test]

@@ -57,6 +57,10 @@ pub enum ApiError {
     /// 401: a public-listener route that only a tenant authenticated by its API key may use.
     #[error("this route needs a tenant's API key (`x-api-key`, `[tenants.api_keys]`)")]
     NoApiKey,
+    /// 403: a state-changing request of the review console without its session's CSRF token,
+    /// or from another origin; `reason` says which.
+    #[error("{reason}")]
+    Forbidden { reason: String },
     /// 422: a policy reload was refused; the last good policy keeps serving.
     #[error("policy refused, the last good policy keeps serving: {} problem(s)", problems.len())]
     PolicyInvalid { problems: Vec<String> },
@@ -112,7 +116,9 @@ impl ApiError {
             | ApiError::BadFraming(_)
             | ApiError::BadTarget(_)
             | ApiError::RepeatedHeader { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Blocked { .. } | ApiError::Unscreened { .. } => StatusCode::FORBIDDEN,
+            ApiError::Blocked { .. } | ApiError::Unscreened { .. } | ApiError::Forbidden { .. } => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -145,6 +151,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unauthorized | ApiError::NoApiKey => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::PolicyInvalid { .. } => "policy_invalid",
             ApiError::Shed { .. } => "overloaded",
             ApiError::Timeout { .. } => "request_timeout",
@@ -206,6 +213,7 @@ impl ApiError {
             | ApiError::MethodNotAllowed { .. }
             | ApiError::Unauthorized
             | ApiError::NoApiKey
+            | ApiError::Forbidden { .. }
             | ApiError::PolicyInvalid { .. }
             | ApiError::Blocked { .. }
             | ApiError::Unscreened { .. }

@@ -8,7 +8,7 @@
 //! [`calibrate`]d scores, falls back to [`rules`], and returns a [`decision`], whose signals
 //! also feed the [`drift`] monitor. [`policy`] and
 //! [`signals`] are its inputs, [`metrics`], [`trace`]s and the [`audit`] trail its side outputs
-//! ([`feedback`] labels join the trail's records), [`error`] the one place errors
+//! ([`feedback`] labels join the trail's records; analysts label in the review [`console`]), [`error`] the one place errors
 //! become HTTP responses, and [`config`] composes every component's own config section.
 
 pub mod action;
@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod campaign;
 pub mod complexity;
 pub mod config;
+pub mod console;
 pub mod decision;
 pub mod drift;
 pub mod error;

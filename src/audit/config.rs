@@ -51,6 +51,9 @@ pub struct AuditConfig {
     /// `[audit.kafka]`: ship the trail to a Kafka topic (the store is the outbox); absent: the
     /// trail stays local.
     pub kafka: Option<KafkaConfig>,
+    /// `[audit.review_text]`: keep the text of `review` decisions for the review console, for a
+    /// short time (off by default).
+    pub review_text: super::review_text::ReviewTextConfig,
 }
 
 impl Default for AuditConfig {
@@ -68,6 +71,7 @@ impl Default for AuditConfig {
             max_age_days: 90,
             retention_interval_ms: 60_000,
             kafka: None,
+            review_text: Default::default(),
         }
     }
 }
@@ -103,6 +107,7 @@ impl AuditConfig {
         if let Some(kafka) = &self.kafka {
             kafka.validate("audit.kafka")?;
         }
+        self.review_text.validate()?;
         Ok(())
     }
 }

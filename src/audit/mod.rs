@@ -21,6 +21,7 @@ mod key;
 pub mod outbox;
 pub mod query;
 pub mod record;
+pub mod review_text;
 pub mod store;
 pub mod text;
 mod writer;
@@ -28,6 +29,7 @@ mod writer;
 pub use config::{AuditConfig, OnFull, TextMode};
 pub use outbox::{Outbox, Pending};
 pub use record::{AuditRecord, Draft, Kind, ModelRef};
+pub use review_text::ReviewTextConfig;
 
 use crate::error::ApiError;
 use crate::metrics::{KindLabels, Metrics};
@@ -86,6 +88,8 @@ pub struct Audit {
     outbox: Arc<SqliteOutbox>,
     backlog: Arc<Backlog>,
     shipping: bool,
+    /// `[audit] dir`: where the store (and `[audit.review_text]`'s file) is, for readers.
+    dir: std::path::PathBuf,
     /// The Kafka shipper (`[audit.kafka]`): its stop signal and task.
     sink: Option<(tokio::sync::watch::Sender<bool>, Mutex<Option<tokio::task::JoinHandle<()>>>)>,
 }
@@ -105,6 +109,11 @@ impl Audit {
         let key = if config.text == TextMode::Hash { key::load(config)? } else { Vec::new() };
         if config.text == TextMode::Full {
             tracing::warn!(dir = %config.dir.display(), "audit records keep the full text ([audit] text = \"full\")");
+        }
+        let review_texts = review_text::ReviewTexts::open(&config.dir, &config.review_text)?;
+        if review_texts.is_some() {
+            tracing::warn!(dir = %config.dir.display(), retention_hours = config.review_text.retention_hours,
+                "the text of review decisions is kept for the review console ([audit.review_text] enabled = true)");
         }
         let backlog = Arc::new(Backlog::default());
         let outbox = Arc::new(SqliteOutbox::open(&config.dir, Arc::clone(&backlog))?);
@@ -132,6 +141,7 @@ impl Audit {
             retention_every: Duration::from_millis(config.retention_interval_ms),
             backlog: Arc::clone(&backlog),
             metrics: metrics.clone(),
+            review_texts,
         };
         let handle = std::thread::Builder::new().name("tiergate-audit".into()).spawn(move || writer.run())?;
         tracing::info!(dir = %config.dir.display(), text = ?config.text, on_full = ?config.on_full, "audit trail on");
@@ -154,6 +164,7 @@ impl Audit {
             outbox,
             backlog,
             shipping,
+            dir: config.dir.clone(),
             sink,
         })
     }
@@ -251,6 +262,12 @@ impl Audit {
         if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = handle.join();
         }
+    }
+
+    /// The audit data directory (`[audit] dir`): `audit.db`, and `review_text.db` when
+    /// `[audit.review_text]` is on. Readers open their own read-only connections there.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The store as a sink's outbox.

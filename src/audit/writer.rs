@@ -16,6 +16,7 @@
 
 use super::outbox::Backlog;
 use super::record::{now_ms, AuditRecord, Draft};
+use super::review_text::ReviewTexts;
 use super::store::{Retention, Store};
 use super::text::TextPolicy;
 use super::AuditMetrics;
@@ -58,6 +59,8 @@ pub(super) struct Writer {
     pub retention_every: Duration,
     pub backlog: Arc<Backlog>,
     pub metrics: AuditMetrics,
+    /// `[audit.review_text]` on: where the text of committed `review` records is kept.
+    pub review_texts: Option<ReviewTexts>,
 }
 
 /// After [`super::Audit::close`], a commit that keeps failing is given up after this long and
@@ -168,8 +171,18 @@ impl Writer {
         while !batch.is_empty() {
             let take = batch.len().min(self.flush_max);
             let started = Instant::now();
-            let records: Vec<AuditRecord> = batch.drain(..take).map(|d| d.render(&self.text)).collect();
+            let drafts = batch.drain(..take);
+            let (records, texts): (Vec<AuditRecord>, Vec<Option<Arc<str>>>) = match &self.review_texts {
+                None => (drafts.map(|d| d.render(&self.text)).collect(), Vec::new()),
+                Some(_) => drafts
+                    .map(|d| {
+                        let text = ReviewTexts::wanted(d.kind, d.action).then(|| Arc::clone(&d.text));
+                        (d.render(&self.text), text)
+                    })
+                    .unzip(),
+            };
             self.commit(&records);
+            self.keep_review_texts(&records, &texts);
             self.metrics.flush_seconds.observe(started.elapsed().as_secs_f64());
         }
         self.metrics.queue_depth.set((self.records.len() + self.overflow.len()) as i64);
@@ -222,8 +235,24 @@ impl Writer {
         }
     }
 
+    /// Keeps the texts of the `review` records just committed (`[audit.review_text]`). A failure
+    /// loses only the texts: the console then shows the record's hash and signals.
+    fn keep_review_texts(&mut self, records: &[AuditRecord], texts: &[Option<Arc<str>>]) {
+        let Some(store) = self.review_texts.as_mut().filter(|_| texts.iter().any(Option::is_some)) else { return };
+        if let Err(e) = store.keep(records, texts) {
+            tracing::error!(error = %format!("{e:#}"), "keeping the text of review decisions failed; the console shows their hash");
+        }
+    }
+
     fn retain(&mut self) {
         let started = Instant::now();
+        if let Some(store) = self.review_texts.as_mut() {
+            match store.retain(now_ms()) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "review-text retention deleted the oldest texts"),
+                Err(e) => tracing::error!(error = %format!("{e:#}"), "review-text retention failed"),
+            }
+        }
         match self.store.retain(&self.retention, now_ms()) {
             Ok(d) if d.by_age + d.by_size > 0 => {
                 self.metrics.retention_deleted.inc_by(d.by_age + d.by_size);

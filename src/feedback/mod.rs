@@ -12,6 +12,7 @@
 pub mod config;
 pub mod forward;
 pub mod input;
+pub mod live;
 pub mod quality;
 pub mod store;
 
@@ -95,6 +96,8 @@ pub struct Applied {
 pub struct Feedback {
     pub peers: forward::Peers,
     pub metrics: QualityMetrics,
+    /// Live quality's latest numbers (the gauges' values as one snapshot).
+    latest: Arc<live::Latest>,
     /// Wakes the quality refresher (labels arrived).
     refresh: Arc<Notify>,
 }
@@ -114,11 +117,13 @@ impl Feedback {
         admin_token: Option<String>,
     ) -> anyhow::Result<Feedback> {
         config.validate().map_err(anyhow::Error::msg)?;
+        let latest = Arc::new(live::Latest::default());
         let refresher = Arc::new(Refresher {
             db,
             windows: config.window_durations().map_err(anyhow::Error::msg)?,
             tenants,
             metrics: metrics.clone(),
+            latest: Arc::clone(&latest),
         });
         let refresh = Arc::new(Notify::new());
         tokio::spawn(refresh_loop(
@@ -127,7 +132,13 @@ impl Feedback {
             Duration::from_millis(config.refresh_interval_ms),
         ));
         let peers = forward::Peers::new(&config.peers, admin_token, Duration::from_millis(config.forward_timeout_ms));
-        Ok(Feedback { peers, metrics, refresh })
+        Ok(Feedback { peers, metrics, latest, refresh })
+    }
+
+    /// Live quality as of its last refresh (`None` before the first: `refresh_interval_ms`
+    /// after start, or soon after the first labels).
+    pub fn live(&self) -> Option<live::Snapshot> {
+        self.latest.get()
     }
 
     /// Counts `applied` (of `labels`) and, when any changed the store, asks for a refresh of live

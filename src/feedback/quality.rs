@@ -10,6 +10,7 @@
 //! bounded: rules and scenarios by the policy, languages by the detector's codes, classes by
 //! `[tenants]`.
 
+use super::live::{Latest, Snapshot, WindowQuality};
 use super::store::{labelled, Labelled};
 use super::Truth;
 use crate::tenant::Tenants;
@@ -113,6 +114,8 @@ pub struct Refresher {
     pub windows: Vec<(String, Duration)>,
     pub tenants: Arc<Tenants>,
     pub metrics: QualityMetrics,
+    /// The same numbers as one snapshot, for the review console's panel.
+    pub latest: Arc<Latest>,
 }
 
 type Counts = HashMap<(usize, String, String, Truth), i64>;
@@ -147,7 +150,23 @@ impl Refresher {
             }
         }
         self.publish(&counts, &calibration);
+        self.latest.set(self.snapshot(now_ms, &counts[0], &calibration));
         Ok(())
+    }
+
+    /// Per window, the totals over all tiers (every labelled decision has one tier, so `by_tier`
+    /// sums to all of them) and the ECE, as the gauges have them.
+    fn snapshot(&self, now_ms: u64, by_tier: &Counts, calibration: &[(Vec<f64>, Vec<bool>)]) -> Snapshot {
+        let windows = self.windows.iter().enumerate().map(|(w, (name, _))| {
+            let counts = by_tier
+                .iter()
+                .filter(|((cw, ..), _)| *cw == w)
+                .map(|((_, _, action, truth), n)| (action.clone(), *truth, *n as u64));
+            let (confidence, correct) = &calibration[w];
+            let ece = (!confidence.is_empty()).then(|| crate::calibrate::ece(confidence, correct, 10));
+            WindowQuality::new(name.clone(), counts, ece, confidence.len() as u64)
+        });
+        Snapshot { refreshed_ms: now_ms, windows: windows.collect() }
     }
 
     fn publish(&self, counts: &[Counts], calibration: &[(Vec<f64>, Vec<bool>)]) {

@@ -16,6 +16,22 @@ pub const MAX_WORDS: usize = 64;
 pub const TOP: usize = 12;
 
 impl Gateway {
+    /// The word attributions of a text decided earlier (the review console's item view): the cpu
+    /// model's risk for its canonical text, read at the live policy's cpu temperature as a
+    /// decision now would be, then each word's effect on it, largest first (at most [`TOP`]), all
+    /// within `budget`. Empty when the cpu tier cannot score it in time.
+    pub async fn word_attributions(&self, text: &str, budget: Duration) -> Vec<Attribution> {
+        let canonical: Arc<str> = Arc::from(crate::text::canonicalize(text).text);
+        let deadline = Instant::now() + budget;
+        let Ok(whole) = self.cpu.classify(Arc::clone(&canonical), Prepared::default(), deadline).await else {
+            return Vec::new();
+        };
+        let model_t = self.cpu.info().temperature;
+        let at = self.policies.snapshot().calibration.cpu_temperature_or(model_t);
+        let risk = crate::calibrate::retemper(whole.risk_score, model_t, at);
+        self.attributions(&canonical, risk, at, deadline.saturating_duration_since(Instant::now())).await
+    }
+
     /// Each word's effect on the cpu model's risk score for `text` (`risk` is the score of the whole
     /// text, read at `temperature`: the policy's cpu temperature, at which the variants are read
     /// too). Empty when the variants cannot be scored within `budget`.

@@ -44,7 +44,8 @@ pub enum Role {
     /// Proxy routes (when configured, matched first), `/v1/classify`, `/healthz`, `/readyz`
     /// (its status only, unless `views`), `/metrics` (when `views` says so).
     Public { proxy: Option<Arc<Proxy>>, views: PublicViews },
-    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), and without one
+    /// `/admin/policy`, `/admin/reload` (with a bearer token when one is set), the review console
+    /// (`/admin/console`, `/admin/review/*`: a session or the bearer token), and without one
     /// `POST /v1/classify` and the probes `/healthz`, `/readyz`, `/metrics`.
     Admin { token: Option<String>, proxy: Option<Arc<Proxy>> },
 }

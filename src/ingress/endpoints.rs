@@ -1,7 +1,7 @@
 //! tiergate's own endpoints: `POST /v1/classify`, the probes `/healthz` and `/readyz`,
 //! `/metrics` (on the admin listener; on the public one only as `[admin] public_*` allow),
-//! `POST /v1/feedback` (labels: `super::feedback`), and on the admin listener `/admin/policy`
-//! and `/admin/reload`. Handlers return `Result`; the
+//! `POST /v1/feedback` (labels: `super::feedback`), and on the admin listener `/admin/policy`,
+//! `/admin/reload` and the review console (`crate::console`). Handlers return `Result`; the
 //! server turns errors into responses.
 
 use super::app::{App, Role};
@@ -43,6 +43,12 @@ pub(super) async fn serve(app: &App, req: Request<Incoming>) -> Result<Response<
                 ("/v1/classify", _) => return Err(not_allowed(&method, path, "POST")),
                 ("/healthz" | "/readyz", _) => return Err(not_allowed(&method, path, "GET, HEAD")),
                 ("/metrics", _) => return Err(not_allowed(&method, path, "GET")),
+                // The review console authenticates itself: a session cookie or the bearer token.
+                _ if crate::console::handles(&path) => {
+                    let max_body_bytes = app.server.max_body_bytes;
+                    let cx = crate::console::Context { gateway: &app.gateway, token: token.as_deref(), max_body_bytes };
+                    return crate::console::serve(cx, req).await;
+                }
                 _ => {}
             }
             authorize(req.headers(), token.as_deref())?;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod app;
+pub mod browser;
 pub mod llama;
 pub mod openai_stub;
 pub mod proxy;

@@ -29,6 +29,11 @@ impl Service {
         self.port
     }
 
+    /// The running process's id, if one runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)

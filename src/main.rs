@@ -114,6 +114,12 @@ enum Command {
     /// length) and the total variation distance of the language shares; `--plot` draws the
     /// ECDFs. `tiergate drift reference` makes the reference from a validation file.
     Drift(cli::drift::DriftArgs),
+    /// The feedback report: one self-contained HTML page over a window of decisions and their
+    /// labels (`POST /v1/feedback`), read from the audit store without disturbing a running
+    /// tiergate — quality rates by tier, rule, scenario, language, tenant and reviewer, the
+    /// model's reliability diagram and ECE, precision/recall with today's thresholds, confusion
+    /// by kind and language, review load and drift over time.
+    Report(cli::report::Args),
     /// Model directories: `tiergate model pack` turns your own ONNX classifier, its
     /// tokenizer.json and a labelled validation JSONL into a directory the cpu tier serves.
     Model(cli::model::Args),
@@ -161,6 +167,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Audit(args) => cli::audit::run(args),
         Command::Drift(args) => cli::drift::run(args),
+        Command::Report(args) => cli::report::run(args),
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
         Command::PolicySchema => {

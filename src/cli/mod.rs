@@ -6,4 +6,5 @@ pub mod calibrate;
 pub mod drift;
 pub mod features;
 pub mod model;
+pub mod report;
 pub mod time;

@@ -1,0 +1,109 @@
+//! What the report reads from the audit store, through one read-only connection: the window's
+//! decision records one at a time (never all in memory: a week of traffic is millions), the
+//! labels of the decisions made in the window (`tiergate::feedback::store`), and each labelled
+//! record's kind.
+
+use rusqlite::Connection;
+use std::collections::HashMap;
+use tiergate::drift::Observation;
+
+/// Decisions made in `[since_ms, until_ms)` (ms since the Unix epoch), counted per bucket of
+/// `bucket_ms` from `since_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub since_ms: u64,
+    pub until_ms: u64,
+    pub bucket_ms: u64,
+}
+
+impl Span {
+    /// How many buckets the span has (the last may be short).
+    pub fn buckets(&self) -> usize {
+        (self.until_ms.saturating_sub(self.since_ms)).div_ceil(self.bucket_ms.max(1)) as usize
+    }
+
+    /// The bucket of a time inside the span.
+    pub fn bucket_of(&self, unix_ms: u64) -> usize {
+        (unix_ms.saturating_sub(self.since_ms) / self.bucket_ms.max(1)) as usize
+    }
+}
+
+/// One served decision's record as the report reads it (shadow records are left out: they
+/// repeat a live decision with the candidate policy's verdict).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decided {
+    pub unix_ms: u64,
+    /// classify, screen or stream_cut.
+    pub kind: String,
+    /// allow, review, block or unscreened.
+    pub action: String,
+    /// `None` for records written before records had ids.
+    pub record_id: Option<String>,
+    /// What the drift monitor reads of it; `None` without a risk score (unscreened).
+    pub observation: Option<Observation>,
+}
+
+fn clamp(ms: u64) -> i64 {
+    ms.min(i64::MAX as u64) as i64
+}
+
+/// Calls `each` with every served decision made in the span, oldest first. Errors: the store
+/// cannot be read, or `each`'s.
+pub fn for_each_decision(
+    conn: &Connection,
+    span: &Span,
+    mut each: impl FnMut(Decided) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
+    let mut stmt = conn.prepare(
+        "SELECT unix_ms, kind, action, record_id, json_extract(record, '$.risk_score'),
+                json_extract(record, '$.ood_score'), json_extract(record, '$.text_chars'),
+                json_extract(record, '$.lang')
+         FROM records WHERE unix_ms >= ?1 AND unix_ms < ?2 AND kind != 'shadow' ORDER BY unix_ms, id",
+    )?;
+    let mut rows = stmt.query([clamp(span.since_ms), clamp(span.until_ms)])?;
+    let mut n = 0;
+    while let Some(r) = rows.next()? {
+        let risk_score: Option<f64> = r.get(4)?;
+        let observation = risk_score.map(|risk_score| -> rusqlite::Result<Observation> {
+            Ok(Observation {
+                risk_score,
+                ood_score: r.get(5)?,
+                text_chars: r.get::<_, Option<i64>>(6)?.unwrap_or(0).max(0) as u64,
+                lang: r.get(7)?,
+            })
+        });
+        each(Decided {
+            unix_ms: r.get::<_, i64>(0)?.max(0) as u64,
+            kind: r.get(1)?,
+            action: r.get(2)?,
+            record_id: r.get(3)?,
+            observation: observation.transpose()?,
+        })?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The record kind (classify, screen, stream_cut) of every labelled decision made in the span,
+/// by record id.
+pub fn labelled_kinds(conn: &Connection, span: &Span) -> anyhow::Result<HashMap<String, String>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT f.record_id, r.kind FROM feedback f JOIN records r ON r.id = f.record_row
+         WHERE f.decided_ms >= ?1 AND f.decided_ms < ?2",
+    )?;
+    let rows = stmt.query_map([clamp(span.since_ms), clamp(span.until_ms)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Span;
+
+    #[test]
+    fn buckets_cover_the_span_and_the_last_may_be_short() {
+        let span = Span { since_ms: 1_000, until_ms: 1_000 + 2 * 3_600_000 + 1, bucket_ms: 3_600_000 };
+        assert_eq!(span.buckets(), 3);
+        assert_eq!((span.bucket_of(1_000), span.bucket_of(3_601_000), span.bucket_of(7_201_000)), (0, 1, 2));
+        assert_eq!(Span { since_ms: 5, until_ms: 5, bucket_ms: 10 }.buckets(), 0);
+    }
+}

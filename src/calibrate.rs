@@ -17,6 +17,24 @@ pub fn softmax_t(logits: &[f32], temperature: f64) -> Vec<f64> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
+/// The log-odds `ln(p / (1 - p))` of a probability: the margin `(z1 - z0) / T` of a two-class
+/// softmax at temperature `T` whose class-1 probability is `p` (so `T · logit(p)` recovers the
+/// logit margin). `±inf` at 1 and 0.
+pub fn logit(p: f64) -> f64 {
+    (p / (1.0 - p)).ln()
+}
+
+/// A two-class probability read at another temperature: `p`, a class's probability under
+/// `softmax(z / from)`, becomes its probability under `softmax(z / to)`, that is
+/// `sigmoid(logit(p) · from / to)` (two classes' softmax depends only on the margin, which
+/// `logit(p) · from` recovers). `p` itself when the temperatures are equal; 0 and 1 stay put.
+pub fn retemper(p: f64, from: f64, to: f64) -> f64 {
+    if from == to {
+        return p;
+    }
+    1.0 / (1.0 + (-logit(p) * (from / to)).exp())
+}
+
 /// Mean negative log-likelihood of `labels` under `softmax(logits / T)`.
 pub fn nll(logits: &[Vec<f32>], labels: &[usize], temperature: f64) -> f64 {
     let total: f64 = logits
@@ -222,5 +240,25 @@ mod tests {
         assert!((p[0] - 1.0).abs() < 1e-12 && p[1] >= 0.0);
         let p = softmax_t(&[2.0, 0.0], 2.0);
         assert!((p[0] - 1.0 / (1.0 + (-1.0f64).exp())).abs() < 1e-12);
+    }
+
+    #[test]
+    fn retemper_is_the_softmax_at_the_other_temperature() {
+        let mut rng = Rng(3);
+        for _ in 0..1000 {
+            let z = [(rng.normal() * 4.0) as f32, (rng.normal() * 4.0) as f32];
+            let (from, to) = (0.5 + rng.next_f64() * 3.0, 0.5 + rng.next_f64() * 3.0);
+            let (p, want) = (softmax_t(&z, from)[1], softmax_t(&z, to)[1]);
+            // Read from `p`, not the logits: exact up to what `1 - p` keeps of a large margin (a
+            // margin of 28 leaves `1 - p` about 4e-13, known to 1e-16).
+            assert!((retemper(p, from, to) - want).abs() < 1e-6, "{z:?} {from} -> {to}");
+            // The margin is recovered to the precision `1 - p` keeps (an f64's epsilon / (1 - p)).
+            if p.min(1.0 - p) > 1e-9 {
+                assert!((from * logit(p) - (z[1] - z[0]) as f64).abs() < 1e-6, "{z:?} at {from}");
+            }
+        }
+        assert_eq!(retemper(0.73, 1.2, 1.2), 0.73, "the same temperature changes nothing");
+        assert_eq!((retemper(1.0, 1.0, 2.0), retemper(0.0, 1.0, 2.0)), (1.0, 0.0), "saturated scores stay put");
+        assert_eq!(retemper(0.5, 1.0, 3.0), 0.5);
     }
 }

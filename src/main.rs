@@ -127,6 +127,22 @@ enum Command {
     /// transaction features, its feature schema and a labelled validation CSV into a directory
     /// `[features_model] dir` serves.
     FeaturesModel(cli::features::Args),
+    /// Re-fit the cpu temperature and the block / review thresholds (per scenario) on labelled
+    /// decisions (`POST /v1/feedback`), judged on held-out labels, into a candidate policy
+    /// directory for `[ab]`; refuses a fit that is not better.
+    ///
+    /// Reads the audit store read-only (a running tiergate keeps writing). Fits on a split and
+    /// judges on the held-out rest: the temperature must lower the held-out NLL; a block
+    /// threshold (the lowest on a 0.01 grid whose false-block rate on the fit split is within
+    /// --max-false-block) must keep the held-out false-block rate within it and block at least as
+    /// much risk; a review threshold (the lowest whose review share is within --max-review-share)
+    /// must allow no more risk. What is better is written to --out: the live policy directory
+    /// with only those values changed (comments and layout kept), and TUNE.md with the rates
+    /// before and after and the diff. Runbook: docs/operations.md, "Feedback loop".
+    Tune(cli::tune::Args),
+    /// Labels for recorded decisions: `tiergate feedback import FILE --admin URL` sends a CSV or
+    /// JSONL of late labels (chargebacks) to a replica's `POST /v1/feedback` in batches.
+    Feedback(cli::feedback::Args),
     /// Print the JSON Schema of a policy file (for editors; also in docs/policy.schema.json).
     PolicySchema,
     /// Validate a policy directory: compiles every regex and CEL rule, checks every threshold.
@@ -170,6 +186,8 @@ fn main() -> std::process::ExitCode {
         Command::Report(args) => cli::report::run(args),
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
+        Command::Tune(args) => cli::tune::run(args),
+        Command::Feedback(args) => cli::feedback::run(args),
         Command::PolicySchema => {
             println!("{}", serde_json::to_string_pretty(&tiergate::policy::json_schema()).unwrap_or_default());
             Ok(())

@@ -80,6 +80,9 @@ async fn every_metric_the_dashboard_names_is_exported() {
     c.readings.gpu_interval_ms = 20;
     c.drift.interval_ms = 50;
     c.drift.min_window = 1;
+    let audit = std::env::temp_dir().join(format!("tiergate-dashboard-audit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&audit);
+    c.audit = Some(tiergate::audit::AuditConfig { dir: audit, ..Default::default() });
     let sources =
         Sources { cpu: Arc::new(FakeCpu(Mutex::new(0.1))) as _, gpu: Arc::new(FakeGpu::with_free_mb(40_000)) as _ };
     let (public, admin, _) = start_with_admin(c, sources, None);
@@ -87,12 +90,22 @@ async fn every_metric_the_dashboard_names_is_exported() {
     let phish =
         r#"{"text": "Your account is locked. Confirm your password at http://secure-login.example.top/verify"}"#;
     let json = [("content-type", "application/json")];
-    assert_eq!(send(public, "POST", "/v1/classify", &json, phish).await.status, 200);
+    let decided = send(public, "POST", "/v1/classify", &json, phish).await;
+    assert_eq!(decided.status, 200);
+    // A label, so that live quality has series (it refreshes within a second of labels).
+    let record_id = decided.json()["record_id"].as_str().unwrap().to_string();
+    let label = format!(r#"{{"record_id": "{record_id}", "label": "risk", "source": "analyst"}}"#);
+    assert_eq!(send(admin, "POST", "/v1/feedback", &json, label).await.status, 200);
     assert_eq!(send(public, "POST", "/echo", &json, r#"{"text": "see you at 6"}"#).await.status, 200);
     send(admin, "POST", "/admin/reload", &[], "").await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-
-    let body = send(admin, "GET", "/metrics", &[], "").await.body;
+    let mut body = bytes::Bytes::new();
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        body = send(admin, "GET", "/metrics", &[], "").await.body;
+        if String::from_utf8_lossy(&body).contains("tiergate_quality_model_ece{") {
+            break;
+        }
+    }
     let exported: BTreeSet<String> = String::from_utf8_lossy(&body)
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())

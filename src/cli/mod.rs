@@ -5,6 +5,8 @@ pub mod audit;
 pub mod calibrate;
 pub mod drift;
 pub mod features;
+pub mod feedback;
 pub mod model;
 pub mod report;
 pub mod time;
+pub mod tune;

@@ -78,12 +78,14 @@ impl Monitor {
         Ok(Some(monitor))
     }
 
-    /// Records one finished decision: `text` is the request's text (its length in chars is the
-    /// signal), `lang` its language cell. One mutex-guarded push.
-    pub fn observe(&self, decision: &Decision, text: &str, lang: &LanguageCell) {
+    /// Records one finished decision: `risk_score` is its risk score as the reference's model
+    /// would give it (a policy's own cpu temperature undone: that moves scores on purpose, not
+    /// the traffic), `text` the request's text (its length in chars is the signal), `lang` its
+    /// language cell. One mutex-guarded push.
+    pub fn observe(&self, decision: &Decision, risk_score: f64, text: &str, lang: &LanguageCell) {
         let entry = Entry {
             at: Instant::now(),
-            risk_score: decision.risk_score,
+            risk_score,
             ood_score: decision.path.iter().find_map(|s| s.ood_score),
             text_chars: text.chars().count() as u64,
             lang: lang.clone(),

@@ -33,6 +33,9 @@ pub struct Recorded {
     pub gpu: Option<Result<ModelVerdict, TierError>>,
     /// The features model's score (it never runs again for a replay).
     pub features: Option<crate::features_model::Scored>,
+    /// The temperature `cpu` came calibrated at (the served model's), so that a replay under
+    /// another policy reads it at that policy's own ([`cpu_verdict`]).
+    pub cpu_temperature: Option<f64>,
 }
 
 /// The live tiers and where a live run records what it sees.
@@ -118,6 +121,9 @@ impl LiveTiers<'_> {
             None => (call.await, false),
         };
         let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        if tier == TierName::Cpu {
+            recorded.cpu_temperature = self.cpu.model().map(|m| m.temperature);
+        }
         *(if tier == TierName::Gpu { &mut recorded.gpu } else { &mut recorded.cpu }) = Some(r.clone());
         (r, cached)
     }
@@ -196,6 +202,15 @@ impl Tiers<'_> {
             Tiers::Replay(rec) => {
                 (rec.gpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
             }
+        }
+    }
+
+    /// The temperature the cpu tier's verdicts come calibrated at: the served model's (`None`:
+    /// a backend without an in-process model, or a replay of a run that did not call it).
+    fn cpu_temperature(&self) -> Option<f64> {
+        match self {
+            Tiers::Live(live) => live.cpu.model().map(|m| m.temperature),
+            Tiers::Replay(rec) => rec.cpu_temperature,
         }
     }
 
@@ -334,6 +349,7 @@ impl Run<'_> {
         let prepared =
             Prepared { encoded: self.assessment.encoded.take(), lang: Some(self.assessment.facts.lang.clone()) };
         let (result, cached) = tiers.cpu(&self.assessment.facts.text, prepared, x.deadline()).await;
+        let result = result.map(|v| cpu_verdict(v, tiers.cpu_temperature(), x.policy));
         let us = t.elapsed().as_micros() as u64;
         tiers.observe(TierName::Cpu, us, cached);
         if let Some(ood) = result.as_ref().ok().and_then(|v| v.ood_score) {
@@ -513,6 +529,17 @@ impl Run<'_> {
         }
         d
     }
+}
+
+/// A cpu verdict, calibrated at the model's temperature `model_t`, read at `policy`'s
+/// `[calibration] cpu_temperature` when it sets one: risk and confidence as `softmax(logits / T)`
+/// at the policy's `T` ([`crate::calibrate::retemper`]). The verdict cache and the shadow replay
+/// keep the model's verdict, so each policy (live, `[ab]` candidate, shadow) reads it at its own.
+fn cpu_verdict(mut v: ModelVerdict, model_t: Option<f64>, policy: &Policy) -> ModelVerdict {
+    let (Some(from), Some(to)) = (model_t, policy.calibration.cpu_temperature) else { return v };
+    v.risk_score = crate::calibrate::retemper(v.risk_score, from, to);
+    v.confidence = v.risk_score.max(1.0 - v.risk_score);
+    v
 }
 
 /// A decision before [`super::Gateway`] stamps the request id, policy version, model and latency.

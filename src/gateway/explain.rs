@@ -17,8 +17,16 @@ pub const TOP: usize = 12;
 
 impl Gateway {
     /// Each word's effect on the cpu model's risk score for `text` (`risk` is the score of the whole
-    /// text). Empty when the variants cannot be scored within `budget`.
-    pub(super) async fn attributions(&self, text: &str, risk: f64, budget: Duration) -> Vec<Attribution> {
+    /// text, read at `temperature`: the policy's cpu temperature, at which the variants are read
+    /// too). Empty when the variants cannot be scored within `budget`.
+    pub(super) async fn attributions(
+        &self,
+        text: &str,
+        risk: f64,
+        temperature: f64,
+        budget: Duration,
+    ) -> Vec<Attribution> {
+        let model_t = self.cpu.info().temperature;
         let words: Vec<(usize, &str)> = text.unicode_word_indices().take(MAX_WORDS).collect();
         let deadline = Instant::now() + budget;
         let variants = words.iter().map(|&(at, word)| {
@@ -31,7 +39,7 @@ impl Gateway {
             .zip(scores)
             .enumerate()
             .filter_map(|(index, ((_, word), score))| {
-                let without = score.ok()?.risk_score;
+                let without = crate::calibrate::retemper(score.ok()?.risk_score, model_t, temperature);
                 Some(Attribution { word: word.to_string(), index, delta: risk - without })
             })
             .collect();

@@ -274,7 +274,7 @@ impl Gateway {
         let lang = assessment.facts.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, assessment, &tiers).await?;
         if let Some(e) = &mut explain {
-            self.explain_models(e, &decision, &canonical, features.as_ref()).await;
+            self.explain_models(e, &decision, &canonical, features.as_ref(), &policy).await;
         }
         let mut decision = self.finish(decision, request_id, &policy, explain, started);
         decision.scenario = scenario.map(|s| s.name.clone());
@@ -285,9 +285,7 @@ impl Gateway {
             trace_id: trace.trace_id(),
         };
         trace::decided(&trace, &decision, req.deadline, canonical_span);
-        if let Some(drift) = &self.drift {
-            drift.observe(&decision, &req.text, &lang);
-        }
+        self.observe_drift(&decision, &policy, &req.text, &lang);
         let live_store = std::ptr::eq(store, &self.policies);
         let recorded = recorded.into_inner().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = self.shadow_model.as_ref().filter(|m| live_store && m.sampled()) {
@@ -300,6 +298,18 @@ impl Gateway {
             _ => None,
         };
         Ok((decision, shadow))
+    }
+
+    /// Feeds the drift monitor (when on) a finished decision, its risk score at the cpu model's
+    /// own temperature: the drift reference was scored at it, and a policy's `[calibration]`
+    /// moves the scores on purpose, not the traffic.
+    fn observe_drift(&self, decision: &Decision, policy: &Policy, text: &str, lang: &crate::text::LanguageCell) {
+        let Some(drift) = &self.drift else { return };
+        let risk = match (decision.tier, policy.calibration.cpu_temperature) {
+            (TierName::Cpu, Some(t)) => crate::calibrate::retemper(decision.risk_score, t, self.cpu.info().temperature),
+            _ => decision.risk_score,
+        };
+        drift.observe(decision, risk, text, lang);
     }
 
     /// [`Gateway::snapshot`] with `identity`'s tenant load (a tenant at its gpu limit counted).
@@ -315,16 +325,19 @@ impl Gateway {
     }
 
     /// `explain`'s model parts: the cpu model's word attributions (when it gave the first
-    /// verdict) and the features model's contributions.
+    /// verdict; at `policy`'s cpu temperature, as that verdict) and the features model's
+    /// contributions.
     async fn explain_models(
         &self,
         e: &mut Explain,
         decision: &Decision,
         canonical: &Arc<str>,
         features: Option<&crate::features_model::Scored>,
+        policy: &Policy,
     ) {
         if let Some(risk) = decision.path.first().filter(|s| s.tier == TierName::Cpu).and_then(|s| s.risk_score) {
-            e.attributions = self.attributions(canonical, risk, std::time::Duration::from_secs(2)).await;
+            let at = policy.calibration.cpu_temperature_or(self.cpu.info().temperature);
+            e.attributions = self.attributions(canonical, risk, at, std::time::Duration::from_secs(2)).await;
         }
         e.features_model = features.and_then(|scored| self.features_contributions(scored));
     }

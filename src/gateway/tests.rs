@@ -90,7 +90,7 @@ async fn decide(
         policy,
         request(text, serde_json::json!({}), None),
         snapshot(gpu),
-        Recorded { cpu, gpu: gpu_answer, features: None },
+        Recorded { cpu, gpu: gpu_answer, features: None, cpu_temperature: None },
     )
     .await
 }
@@ -251,7 +251,7 @@ async fn decide_with(
     tenant: Option<&str>,
     cpu: f64,
 ) -> Decision {
-    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None };
+    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None, cpu_temperature: None };
     replay(policy, request(text, features, tenant), snapshot(false), recorded).await.unwrap()
 }
 
@@ -333,7 +333,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     );
     let req = |text: &str| request(text, serde_json::json!({}), None);
     // Confidence 0.7 is not below accept_below 0.7: the cpu verdict stands in every scenario.
-    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None, features: None };
+    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None, features: None, cpu_temperature: None };
     let (plain, payments, lenient) = (
         replay_in(&p, None, req("a text"), snapshot(false), stands()).await.unwrap(),
         replay_in(&p, Some("payments"), req("a text"), snapshot(false), stands()).await.unwrap(),
@@ -345,7 +345,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     assert_eq!(action(&payments), Action::Block, "block_at 0.6 there");
     assert_eq!(action(&lenient), Action::Review, "review_at 0.5 there");
     // An unsure verdict goes to rules; none may decide in `lenient`, so the default does.
-    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None, features: None };
+    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None, features: None, cpu_temperature: None };
     let all = replay_in(&p, None, req("your password please"), snapshot(false), unsure()).await.unwrap();
     assert_eq!(
         (all.tier, all.rule.as_deref(), all.action),
@@ -353,4 +353,22 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     );
     let none = replay_in(&p, Some("lenient"), req("your password please"), snapshot(false), unsure()).await.unwrap();
     assert_eq!((none.tier, none.rule.as_deref(), none.action), (TierName::Rules, None, Action::Review));
+}
+
+#[tokio::test]
+async fn a_policy_temperature_reads_the_recorded_cpu_verdict_at_its_own() {
+    // Recorded at the model's temperature 1.0: risk 0.7 (confidence 0.7), a review as written.
+    let recorded = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), cpu_temperature: Some(1.0), ..Default::default() };
+    let req = || request("a text", serde_json::json!({}), None);
+    let plain = replay(&policy(""), req(), snapshot(false), recorded()).await.unwrap();
+    assert_eq!((plain.risk_score, plain.action), (0.7, Action::Review));
+    // At T = 0.5 the margin doubles: 0.7 -> 0.49 / (0.49 + 0.09), a block from the same verdict.
+    let sharp = replay(&policy("[calibration]\ncpu_temperature = 0.5\n"), req(), snapshot(false), recorded()).await;
+    let sharp = sharp.unwrap();
+    assert!((sharp.risk_score - 0.49 / 0.58).abs() < 1e-12, "{}", sharp.risk_score);
+    assert_eq!((sharp.tier, sharp.action), (TierName::Cpu, Action::Block));
+    assert_eq!(sharp.confidence, Some(sharp.risk_score));
+    // At T = 100 the verdict is unsure (confidence near 0.5): rules decide instead.
+    let soft = replay(&policy("[calibration]\ncpu_temperature = 100\n"), req(), snapshot(false), recorded()).await;
+    assert_eq!(soft.unwrap().tier, TierName::Rules);
 }

@@ -203,6 +203,9 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
                 "status": if cpu_ready { "ready" } else { "down" },
                 "workers": g.cpu.workers_alive(),
                 "queue_depth": g.cpu.queue_depth(),
+                // The temperature its verdicts are read at now: the live policy's, else the model's.
+                "temperature": policy.calibration.cpu_temperature_or(g.cpu.info().temperature),
+                "temperature_from": if policy.calibration.cpu_temperature.is_some() { "policy" } else { "model" },
             },
             "gpu": gpu,
             "rules": {"status": "ready", "rules": policy.rules.rule_count()},

@@ -2,7 +2,9 @@
 //! ranges and required sections, compiling the rules.
 
 use super::scenario::{self, Limits, ScenarioSpec};
-use super::sections::{ActionThresholds, Cascade, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety};
+use super::sections::{
+    ActionThresholds, Calibration, Cascade, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety,
+};
 use super::{Policy, PolicyError, PolicyProblem, PromptSpec};
 use crate::complexity::ComplexitySpec;
 use crate::rules::{self, DefaultVerdict, RuleClasses, RuleSpec, SignalSpec, SpecRef};
@@ -26,6 +28,8 @@ pub(super) struct PolicyFile {
     prompt: Option<PromptSpec>,
     safety: Option<Safety>,
     features_model: Option<FeaturesModelPolicy>,
+    /// The policy's own temperature for the cpu model, in place of the model's.
+    calibration: Option<Calibration>,
     #[serde(default)]
     #[schemars(with = "BTreeMap<String, SignalSpec>")]
     signals: BTreeMap<String, toml::Spanned<SignalSpec>>,
@@ -63,6 +67,7 @@ pub(super) struct Merged {
     prompt: Option<(PathBuf, PromptSpec)>,
     safety: Option<(PathBuf, Safety)>,
     features_model: Option<(PathBuf, FeaturesModelPolicy)>,
+    calibration: Option<(PathBuf, Calibration)>,
     signals: Vec<(PathBuf, usize, String, SignalSpec)>,
     rules: Vec<Located>,
     guards: Vec<Located>,
@@ -116,6 +121,7 @@ impl Merged {
         }
         section(&mut self.safety, path, "safety", file.safety, problems);
         section(&mut self.features_model, path, "features_model", file.features_model, problems);
+        section(&mut self.calibration, path, "calibration", file.calibration, problems);
         let located = |r: toml::Spanned<RuleSpec>| (path.to_path_buf(), line_of(r.span().start), r.into_inner());
         self.rules.extend(file.rules.into_iter().map(located));
         self.guards.extend(file.guards.into_iter().map(located));
@@ -194,6 +200,11 @@ impl Merged {
         if let Some((file, d)) = &self.default {
             check_unit(file, "default.score", d.score, problems);
         }
+        if let Some((file, Some(t))) = self.calibration.as_ref().map(|(f, c)| (f, c.cpu_temperature)) {
+            if !(t.is_finite() && t > 0.0) {
+                problems.push(at(file, "calibration.cpu_temperature", format!("must be a finite number > 0, got {t}")));
+            }
+        }
     }
 
     /// Compiles the rules and assembles the policy, or returns every problem found.
@@ -238,6 +249,7 @@ impl Merged {
                 prompt: self.prompt.map(|(_, p)| p),
                 safety: self.safety.map(|(_, s)| s).unwrap_or_default(),
                 features_model: self.features_model.map(|(_, f)| f).unwrap_or_default(),
+                calibration: self.calibration.map(|(_, c)| c).unwrap_or_default(),
                 rules,
                 scenarios,
             }),

@@ -19,8 +19,8 @@ pub use config::PoliciesConfig;
 pub use prompt::PromptSpec;
 pub use scenario::{Limits, Scenario, ScenarioSpec, UnknownScenario};
 pub use sections::{
-    ActionThresholds, Cascade, Combine, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety, UnknownSignal,
-    WhenSaturated,
+    ActionThresholds, Calibration, Cascade, Combine, CpuLimits, FeaturesModelPolicy, GpuLimits, Routing, Safety,
+    UnknownSignal, WhenSaturated,
 };
 pub use store::{PolicyStore, ReloadStatus};
 
@@ -97,6 +97,8 @@ pub struct Policy {
     pub safety: Safety,
     /// `[features_model]`: how the features model's risk combines with the text's verdict.
     pub features_model: FeaturesModelPolicy,
+    /// `[calibration]`: the cpu tier's temperature under this policy (unset: the model's own).
+    pub calibration: Calibration,
     /// Signals, rules, guards and the allow-list, compiled.
     pub rules: RuleSet,
     /// `[scenarios.NAME]`, resolved: what a request naming one is decided with.

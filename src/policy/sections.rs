@@ -1,5 +1,5 @@
 //! The routing sections of a policy file: `[actions]`, `[cascade]`, `[routing]`, `[cpu]`, `[gpu]`,
-//! `[features_model]`.
+//! `[features_model]`, `[calibration]`.
 
 use crate::action::Action;
 use serde::Deserialize;
@@ -252,5 +252,26 @@ impl FeaturesModelPolicy {
     /// The action the features model asks for at calibrated risk `risk` (pure).
     pub fn action_for(&self, risk: f64) -> Action {
         ActionThresholds { review_at: self.review_at, block_at: self.block_at }.action_for(risk)
+    }
+}
+
+/// `[calibration]`: the policy's own reading of the cpu model's logits. The model's temperature
+/// (`calibration.json` in the model directory) is fixed with the model; one set here travels with
+/// the policy, so a re-fitted temperature (`tiergate tune`) is tried like any other policy change:
+/// in `[shadow]`, as the `[ab]` candidate, by a reload, and rolled back with it.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Calibration {
+    /// The cpu tier's temperature `T` (temperature scaling: `risk = softmax(logits / T)[1]`), in
+    /// place of the served model's own. Unset: the model's. A finite number > 0; above 1 softens
+    /// the scores towards 0.5, below 1 sharpens them. Scenario thresholds read the scores it gives.
+    pub cpu_temperature: Option<f64>,
+}
+
+impl Calibration {
+    /// The temperature the cpu tier's verdicts are read at under this policy, for a model served
+    /// at `model` (its `calibration.json`).
+    pub fn cpu_temperature_or(&self, model: f64) -> f64 {
+        self.cpu_temperature.unwrap_or(model)
     }
 }

@@ -22,6 +22,9 @@ pub struct PolicyStore {
 pub struct ReloadStatus {
     pub version: String,
     pub dir: PathBuf,
+    /// The policy's `[calibration] cpu_temperature`: the temperature the cpu tier's verdicts are
+    /// read at under it; `null`: the served model's own (`/readyz` shows the live one in effect).
+    pub cpu_temperature: Option<f64>,
     /// When the current version was loaded, seconds since the Unix epoch.
     pub loaded_at_unix: f64,
     /// The last refused reload's problems, until a reload succeeds.
@@ -46,6 +49,7 @@ impl PolicyStore {
         let status = ReloadStatus {
             version: policy.version.clone(),
             dir: policy.dir.clone(),
+            cpu_temperature: policy.calibration.cpu_temperature,
             loaded_at_unix: unix_now(),
             last_error: None,
             last_error_at_unix: None,
@@ -76,6 +80,7 @@ impl PolicyStore {
             }
             Ok(policy) => {
                 let version = policy.version.clone();
+                status.cpu_temperature = policy.calibration.cpu_temperature;
                 self.current.store(Arc::new(policy));
                 status.version = version.clone();
                 status.loaded_at_unix = unix_now();

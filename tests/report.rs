@@ -48,8 +48,8 @@ fn scratch(name: &str) -> PathBuf {
 fn write_config(dir: &Path) -> PathBuf {
     let repo = common::repo();
     let text = format!(
-        "[model]\ndir = \"{}\"\n[policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\n\
-         [tenants]\naccept_claimed = true\n[tenants.known]\nacme = \"gold\"\nglobex = \"standard\"\n\
+        "[model]\ndir = \"{}\"\n[policies]\ndir = \"{}\"\nwatch = false\n[audit]\ndir = \"{}\"\ntext = \"hash\"\n\
+         [feedback]\nrefresh_interval_ms = 1000\n[tenants]\naccept_claimed = true\n[tenants.known]\nacme = \"gold\"\nglobex = \"standard\"\n\
          [tenants.classes.gold]\n[tenants.classes.standard]\n",
         repo.join("models").display(),
         repo.join("policies").display(),
@@ -292,6 +292,8 @@ async fn labels_read_back_exactly_from_the_report_and_the_live_gauges() {
     let class = |i: usize| if sent[i].tenant == Some("acme") { "gold" } else { "standard" }.to_string();
     assert_eq!(table(&r, "tenant_class"), expect(&sent, &truths, class));
     assert_eq!(table(&r, "kind"), expect(&sent, &truths, |_| "classify".into()));
+    let version = r["thresholds"]["version"].as_str().unwrap().to_string();
+    assert_eq!(table(&r, "policy_version"), expect(&sent, &truths, |_| version.clone()));
     check_labels(&r, &sent, &truths);
     assert_plots(&html);
     assert!(html.contains("o&#x27;brien &lt;qa&gt;") || html.contains("o'brien &lt;qa&gt;"), "escaped reviewer");
@@ -348,9 +350,15 @@ fn check_labels(r: &Value, sent: &[Sent], truths: &[&str]) {
     assert!(r["rates"]["lang"].as_array().unwrap().len() > 3, "several languages: {}", r["rates"]["lang"]);
 }
 
-/// An existing page is kept without `--force`; a bad time names its flag.
+/// An existing page is kept without `--force`; a bad time names its flag; `--help` says what
+/// the page holds.
 fn check_refusals(config: &Path, out: &Path) {
     let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
+    let help = Command::new(env!("CARGO_BIN_EXE_tiergate")).args(["report", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for words in ["review precision (reviewed ∧ risk ÷ reviewed", "not when their labels", "--since <SINCE>"] {
+        assert!(help.contains(words), "--help lacks {words:?}: {help}");
+    }
     let (ok, stderr) = report(&["--config", config, "--out", out]);
     assert!(!ok && stderr.contains("exists: give --force"), "{stderr}");
     let (ok, stderr) = report(&["--config", config, "--out", out, "--force", "--since", "yesterday"]);

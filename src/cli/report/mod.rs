@@ -6,6 +6,7 @@
 //! load and drift over time (docs/operations.md "Feedback report").
 
 mod figures;
+mod inputs;
 mod model;
 mod page;
 mod rates;
@@ -13,14 +14,13 @@ mod read;
 mod timeline;
 
 use anyhow::Context as _;
+use inputs::{Inputs, Rescore};
 use model::{Calibration, Pr, Thresholds};
 use rates::{ByTruth, Row};
 use read::Span;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use tiergate::config::Config;
-use tiergate::drift::Reference;
 use tiergate::feedback::store::{labelled, labels, Labelled};
 use tiergate::tenant::Tenants;
 use timeline::Bucket;
@@ -34,10 +34,7 @@ const FORMAT: u32 = 1;
 /// More buckets than this make an unreadable time axis (and a page of megabytes).
 const MAX_BUCKETS: usize = 2_000;
 
-/// Write the feedback report: one self-contained HTML page (inline SVG plots, no external
-/// assets) over the decisions made in a window and their labels.
-///
-/// Times are RFC 3339, unix ms, or a duration back from now (`90s`, `15m`, `1.5h`, `7d`).
+/// `tiergate report`'s flags (its help text is the `Report` command's, in main.rs).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The config (TOML): its `[audit] dir` is the store, its `[policies] dir` the policy whose
@@ -49,10 +46,11 @@ pub struct Args {
     /// The audit data directory (`[audit] dir`, holding audit.db), overriding the config's.
     #[arg(long)]
     pub audit_dir: Option<PathBuf>,
-    /// Decisions made at or after this time.
+    /// Decisions made at or after this time: RFC 3339, unix ms, or a duration back from now
+    /// (90s, 15m, 1.5h, 7d).
     #[arg(long, default_value = "7d")]
     pub since: String,
-    /// Decisions made before this time. Default: now.
+    /// Decisions made before this time (as --since). Default: now.
     #[arg(long)]
     pub until: Option<String>,
     /// The policy directory whose review and block thresholds (and scenarios') are marked,
@@ -107,9 +105,13 @@ pub struct Report {
     pub bucket: &'static str,
     pub store: String,
     pub thresholds: Option<Thresholds>,
+    /// The drift reference's path; `None`: no drift plot.
     pub reference: Option<String>,
+    /// Whose cpu scores the drift plot read back at the model's temperature.
+    pub drift_rescored: Option<Rescore>,
     pub summary: Summary,
-    /// By dimension (tier, rule, scenario, lang, kind, tenant, tenant_class, source, reviewer).
+    /// By dimension (tier, rule, scenario, lang, kind, tenant, tenant_class, policy_version, source,
+    /// reviewer).
     pub rates: BTreeMap<&'static str, Vec<Row>>,
     pub calibration: Calibration,
     pub pr: Pr,
@@ -138,14 +140,6 @@ pub struct Summary {
     pub policy_versions: BTreeMap<String, u64>,
 }
 
-/// What the command reads besides the store.
-struct Inputs {
-    store: PathBuf,
-    thresholds: Option<Thresholds>,
-    tenants: Option<Tenants>,
-    reference: Option<(PathBuf, Reference)>,
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.out.exists() && !args.force {
         anyhow::bail!("{} exists: give --force to replace it", args.out.display());
@@ -166,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         span.buckets(),
         size.name()
     );
-    let inputs = inputs(&args)?;
+    let inputs = inputs::read(&args)?;
     let report = build(&inputs, span, size.name())?;
     let figures = figures::draw(&report)?;
     let html = page::render(&report, &figures);
@@ -182,48 +176,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn inputs(args: &Args) -> anyhow::Result<Inputs> {
-    let config_path = args
-        .config
-        .clone()
-        .or_else(|| Path::new(crate::DEFAULT_CONFIG).is_file().then(|| PathBuf::from(crate::DEFAULT_CONFIG)));
-    let config: Option<Config> = config_path.map(|p| crate::load_config(Some(p))).transpose()?;
-    let store = match (&args.audit_dir, config.as_ref().and_then(|c| c.audit.as_ref())) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(audit)) => audit.dir.clone(),
-        (None, None) => anyhow::bail!("give --audit-dir (the `[audit] dir`) or a --config with an [audit] section"),
-    };
-    let policy_dir = args.policy_dir.clone().or_else(|| config.as_ref().map(|c| c.policies.dir.clone()));
-    let thresholds = policy_dir.map(|dir| thresholds(&dir)).transpose()?;
-    let tenants = config.as_ref().filter(|c| !c.tenants.known.is_empty()).map(|c| Tenants::new(&c.tenants, None));
-    let reference_path = args.reference.clone().or_else(|| {
-        let c = config.as_ref()?;
-        Some(c.drift.reference.clone().unwrap_or_else(|| c.model.dir.join("reference.json"))).filter(|p| p.is_file())
-    });
-    let reference = reference_path.map(|p| Reference::load(&p).map(|r| (p, r))).transpose()?;
-    Ok(Inputs { store, thresholds, tenants, reference })
-}
-
-fn thresholds(dir: &Path) -> anyhow::Result<Thresholds> {
-    let policy = tiergate::policy::Policy::load_dir(dir)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("reading the policy {} for its thresholds", dir.display()))?;
-    Ok(Thresholds {
-        dir: dir.display().to_string(),
-        version: policy.version.clone(),
-        review_at: policy.actions.review_at,
-        block_at: policy.actions.block_at,
-        scenarios: policy
-            .scenarios
-            .iter()
-            .map(|(n, s)| (n.clone(), (s.actions.review_at, s.actions.block_at)))
-            .collect(),
-    })
-}
-
 /// Reads the store and counts everything.
 fn build(inputs: &Inputs, span: Span, bucket: &'static str) -> anyhow::Result<Report> {
     let conn = tiergate::audit::store::Store::open_read_only(&inputs.store)?;
+    // One read transaction: every query below sees the same snapshot of a store a running
+    // tiergate keeps writing (WAL readers never block its writer), so labels and decisions agree.
+    conn.execute_batch("BEGIN").context("starting a read transaction")?;
     eprintln!("report: reading labels of decisions made {} to {}", time_text(span.since_ms), time_text(span.until_ms));
     let decided = labelled(&conn, span.since_ms, span.until_ms).context("reading the labelled decisions")?;
     let every = labels(&conn, span.since_ms, span.until_ms).context("reading the labels")?;
@@ -232,7 +190,10 @@ fn build(inputs: &Inputs, span: Span, bucket: &'static str) -> anyhow::Result<Re
     let ids: HashSet<String> = decided.iter().map(|r| r.record_id.clone()).collect();
     let mut line = timeline::Timeline::new(span, inputs.reference.as_ref().map(|(_, r)| r), &ids);
     let mut seen = 0u64;
-    read::for_each_decision(&conn, &span, |d| {
+    read::for_each_decision(&conn, &span, |mut d| {
+        if let Some(r) = &inputs.rescore {
+            r.apply(&mut d);
+        }
         line.add(d);
         seen += 1;
         if seen % 500_000 == 0 {
@@ -251,6 +212,7 @@ fn build(inputs: &Inputs, span: Span, bucket: &'static str) -> anyhow::Result<Re
         store: inputs.store.display().to_string(),
         thresholds: inputs.thresholds.clone(),
         reference: inputs.reference.as_ref().map(|(p, _)| p.display().to_string()),
+        drift_rescored: inputs.rescore.clone(),
         summary: summary(totals, &decided, &every),
         rates: dimensions(&decided, &every, &kinds, inputs.tenants.as_ref()),
         calibration: model::calibration(&scored),
@@ -302,6 +264,8 @@ fn dimensions(
     if let Some(t) = tenants {
         out.insert("tenant_class", by(&|r| t.class_of(r.tenant.as_deref()).to_string(), decided));
     }
+    // An [ab] candidate's decisions carry its version: this table compares the arms.
+    out.insert("policy_version", by(&|r| r.policy_version.clone(), decided));
     out.insert("source", by(&|r| r.source.clone(), every));
     out.insert("reviewer", by(&|r| or(&r.reviewer, "none"), every));
     out

@@ -120,7 +120,7 @@ fn counts_table(out: &mut String, title: &str, what: &str, counts: &std::collect
 }
 
 /// The dimensions' tables, in page order: (key, heading, what a row is).
-const DIMENSIONS: [(&str, &str, &str); 9] = [
+const DIMENSIONS: [(&str, &str, &str); 10] = [
     ("tier", "By deciding tier", "tier"),
     ("rule", "By deciding rule or guard", "rule (none: a model decided)"),
     ("scenario", "By scenario", "scenario"),
@@ -128,6 +128,7 @@ const DIMENSIONS: [(&str, &str, &str); 9] = [
     ("kind", "By record kind", "kind"),
     ("tenant", "By tenant", "tenant"),
     ("tenant_class", "By tenant class", "class"),
+    ("policy_version", "By policy version (an [ab] candidate's decisions carry its own)", "version"),
     ("source", "By label source (every label)", "source"),
     ("reviewer", "By reviewer (every label)", "reviewer"),
 ];
@@ -258,17 +259,23 @@ fn plots(out: &mut String, report: &Report, f: &Figures) {
         Some(_) => "No scored decision in this window.",
         None => "No drift reference (--reference, or the config's model directory's reference.json).",
     };
-    figure(
-        out,
-        "drift",
-        f.drift.as_ref(),
-        no_drift,
+    let rescored = report.drift_rescored.as_ref().map_or_else(String::new, |r| {
+        format!(
+            " Policy {}'s cpu scores are read at the model's temperature {} (not its own {}), as the live monitor \
+             reads them: a policy's temperature moves the scores on purpose.",
+            esc(&r.policy_version),
+            r.model_temperature,
+            r.policy_temperature
+        )
+    });
+    let caption = format!(
         "Each bucket's decisions against the model's drift reference (the validation data it was calibrated on), \
          as the live drift monitor compares them: the two-sample Kolmogorov–Smirnov distance of the risk score, \
          the OOD score and the text length, and the total variation distance of the language shares. Above the \
          dashed line (0.1) traffic differs from the reference; small buckets read high by chance (see the \
-         p-values in the data block).",
+         p-values in the data block).{rescored}"
     );
+    figure(out, "drift", f.drift.as_ref(), no_drift, &caption);
 }
 
 fn thresholds_table(out: &mut String, report: &Report) {

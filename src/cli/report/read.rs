@@ -37,6 +37,10 @@ pub struct Decided {
     pub kind: String,
     /// allow, review, block or unscreened.
     pub action: String,
+    /// The deciding tier: cpu, gpu, rules, guard, features, unscreened.
+    pub tier: String,
+    /// The policy version that decided it.
+    pub policy_version: Option<String>,
     /// `None` for records written before records had ids.
     pub record_id: Option<String>,
     /// What the drift monitor reads of it; `None` without a risk score (unscreened).
@@ -57,7 +61,7 @@ pub fn for_each_decision(
     let mut stmt = conn.prepare(
         "SELECT unix_ms, kind, action, record_id, json_extract(record, '$.risk_score'),
                 json_extract(record, '$.ood_score'), json_extract(record, '$.text_chars'),
-                json_extract(record, '$.lang')
+                json_extract(record, '$.lang'), tier, json_extract(record, '$.policy_version')
          FROM records WHERE unix_ms >= ?1 AND unix_ms < ?2 AND kind != 'shadow' ORDER BY unix_ms, id",
     )?;
     let mut rows = stmt.query([clamp(span.since_ms), clamp(span.until_ms)])?;
@@ -76,6 +80,8 @@ pub fn for_each_decision(
             unix_ms: r.get::<_, i64>(0)?.max(0) as u64,
             kind: r.get(1)?,
             action: r.get(2)?,
+            tier: r.get(8)?,
+            policy_version: r.get(9)?,
             record_id: r.get(3)?,
             observation: observation.transpose()?,
         })?;

@@ -129,6 +129,8 @@ mod tests {
             unix_ms,
             kind: "classify".into(),
             action: action.into(),
+            tier: "cpu".into(),
+            policy_version: Some("v".into()),
             record_id: Some(id.into()),
             observation: Some(observation),
         }

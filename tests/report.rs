@@ -234,6 +234,10 @@ fn assert_plots(html: &str) {
         assert!(f.contains("<svg") && !f.contains("data-empty"), "plot {id} is not drawn: {f:.400}");
         assert!(f.matches(element).count() >= min, "plot {id} has fewer than {min} {element}: {f:.2000}");
     }
+    let pr = figure(html, "pr");
+    assert!(pr.contains("review_at 0.30") && pr.contains("block_at 0.80"), "today's thresholds marked: {pr:.3000}");
+    let kind = figure(html, "confusion-kind");
+    assert!(kind.contains(&format!("classify (n = {LABELLED})")), "one panel of every labelled decision: {kind:.3000}");
 }
 
 /// `tiergate_quality_labelled_by_tier{window="1h"}` as a table, from the admin listener.
@@ -289,7 +293,13 @@ async fn labels_read_back_exactly_from_the_report_and_the_live_gauges() {
     assert_eq!(table(&r, "tier"), by_tier);
     assert_eq!(table(&r, "scenario"), expect(&sent, &truths, |i| sent[i].scenario.unwrap_or("default").into()));
     assert_eq!(table(&r, "tenant"), expect(&sent, &truths, |i| sent[i].tenant.unwrap_or("none").into()));
-    let class = |i: usize| if sent[i].tenant == Some("acme") { "gold" } else { "standard" }.to_string();
+    // As live quality classes them: no tenant is the default class.
+    let class = |i: usize| match sent[i].tenant {
+        Some("acme") => "gold",
+        Some(_) => "standard",
+        None => "default",
+    };
+    let class = |i: usize| class(i).to_string();
     assert_eq!(table(&r, "tenant_class"), expect(&sent, &truths, class));
     assert_eq!(table(&r, "kind"), expect(&sent, &truths, |_| "classify".into()));
     let version = r["thresholds"]["version"].as_str().unwrap().to_string();

@@ -77,12 +77,14 @@ pub fn pr_curve_svg(title: &str, points: &[(f64, f64)], marks: &[PrMark]) -> any
             .map_err(plot_err)?
             .label("every threshold")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], COLORS[0].stroke_width(2)));
-        for (mark, color) in marks.iter().zip(COLORS.iter().skip(1).cycle()) {
-            let at = (mark.recall, mark.precision);
-            c.draw_series([Circle::new(at, 6, color.filled())])
+        // Rings, each smaller than the one before: thresholds that flag the same decisions sit on
+        // one point of the curve and stay visible there.
+        for (i, (mark, color)) in marks.iter().zip(COLORS.iter().skip(1).cycle()).enumerate() {
+            let (at, radius) = ((mark.recall, mark.precision), 12u32.saturating_sub(4 * i as u32).max(4));
+            c.draw_series([Circle::new(at, radius, color.stroke_width(3))])
                 .map_err(plot_err)?
                 .label(mark.name.clone())
-                .legend(move |(x, y)| Circle::new((x + 9, y), 5, color.filled()));
+                .legend(move |(x, y)| Circle::new((x + 9, y), 5, color.stroke_width(3)));
         }
         c.configure_series_labels()
             .position(SeriesLabelPosition::LowerLeft)

@@ -65,7 +65,8 @@ pub fn read(args: &Args) -> anyhow::Result<Inputs> {
     let policy_dir = args.policy_dir.clone().or_else(|| config.as_ref().map(|c| c.policies.dir.clone()));
     let policy = policy_dir.as_deref().map(load_policy).transpose()?;
     let thresholds = policy.as_ref().zip(policy_dir.as_deref()).map(|(p, dir)| thresholds(p, dir));
-    let tenants = config.as_ref().filter(|c| !c.tenants.known.is_empty()).map(|c| Tenants::new(&c.tenants, None));
+    // As live quality classes them: a known tenant's class, else the default class.
+    let tenants = config.as_ref().map(|c| Tenants::new(&c.tenants, None));
     let reference_path = args.reference.clone().or_else(|| {
         let c = config.as_ref()?;
         Some(c.drift.reference.clone().unwrap_or_else(|| c.model.dir.join("reference.json"))).filter(|p| p.is_file())
@@ -114,5 +115,37 @@ fn rescore(policy: &Policy, model_dir: &Path) -> Option<Rescore> {
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiergate::drift::Observation;
+
+    fn decided(tier: &str, version: &str, risk_score: f64) -> Decided {
+        Decided {
+            unix_ms: 0,
+            kind: "classify".into(),
+            action: "allow".into(),
+            tier: tier.into(),
+            policy_version: Some(version.into()),
+            record_id: None,
+            observation: Some(Observation { risk_score, ood_score: None, text_chars: 1, lang: None }),
+        }
+    }
+
+    #[test]
+    fn only_the_policy_versions_cpu_scores_are_read_back_at_the_model_temperature() {
+        let r = Rescore { policy_version: "tuned".into(), policy_temperature: 2.0, model_temperature: 1.0 };
+        let score = |mut d: Decided| {
+            r.apply(&mut d);
+            d.observation.unwrap().risk_score
+        };
+        // At T = 2 a margin of 2 reads sigmoid(1); at the model's T = 1, sigmoid(2).
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+        assert!((score(decided("cpu", "tuned", sigmoid(1.0))) - sigmoid(2.0)).abs() < 1e-12);
+        assert_eq!(score(decided("cpu", "live", 0.7)), 0.7, "another version: as recorded");
+        assert_eq!(score(decided("rules", "tuned", 0.7)), 0.7, "a rule's score is declared");
     }
 }

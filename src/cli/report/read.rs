@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use tiergate::drift::Observation;
 
 /// Decisions made in `[since_ms, until_ms)` (ms since the Unix epoch), counted per bucket of
-/// `bucket_ms` from `since_ms`.
+/// `bucket_ms` aligned to the epoch (whole UTC hours or days: the first and last buckets may
+/// hold only part of theirs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     pub since_ms: u64,
@@ -17,14 +18,26 @@ pub struct Span {
 }
 
 impl Span {
-    /// How many buckets the span has (the last may be short).
+    fn size(&self) -> u64 {
+        self.bucket_ms.max(1)
+    }
+
+    /// How many buckets the span touches.
     pub fn buckets(&self) -> usize {
-        (self.until_ms.saturating_sub(self.since_ms)).div_ceil(self.bucket_ms.max(1)) as usize
+        if self.until_ms <= self.since_ms {
+            return 0;
+        }
+        ((self.until_ms - 1) / self.size() - self.since_ms / self.size() + 1) as usize
     }
 
     /// The bucket of a time inside the span.
     pub fn bucket_of(&self, unix_ms: u64) -> usize {
-        (unix_ms.saturating_sub(self.since_ms) / self.bucket_ms.max(1)) as usize
+        (unix_ms / self.size()).saturating_sub(self.since_ms / self.size()) as usize
+    }
+
+    /// Where bucket `i` starts (the first may start before `since_ms`).
+    pub fn start_of(&self, i: usize) -> u64 {
+        (self.since_ms / self.size() + i as u64) * self.size()
     }
 }
 
@@ -106,10 +119,14 @@ mod tests {
     use super::Span;
 
     #[test]
-    fn buckets_cover_the_span_and_the_last_may_be_short() {
-        let span = Span { since_ms: 1_000, until_ms: 1_000 + 2 * 3_600_000 + 1, bucket_ms: 3_600_000 };
+    fn buckets_are_whole_hours_and_cover_the_span() {
+        let hour = 3_600_000;
+        // 00:30 to 02:30 and 1 ms: parts of three hours.
+        let span = Span { since_ms: hour / 2, until_ms: 2 * hour + hour / 2 + 1, bucket_ms: hour };
         assert_eq!(span.buckets(), 3);
-        assert_eq!((span.bucket_of(1_000), span.bucket_of(3_601_000), span.bucket_of(7_201_000)), (0, 1, 2));
+        assert_eq!((span.bucket_of(hour / 2), span.bucket_of(hour), span.bucket_of(2 * hour + hour / 2)), (0, 1, 2));
+        assert_eq!((span.start_of(0), span.start_of(2)), (0, 2 * hour));
+        assert_eq!(Span { since_ms: 0, until_ms: 2 * hour, bucket_ms: hour }.buckets(), 2, "until is excluded");
         assert_eq!(Span { since_ms: 5, until_ms: 5, bucket_ms: 10 }.buckets(), 0);
     }
 }

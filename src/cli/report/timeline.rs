@@ -11,7 +11,7 @@ use tiergate::drift::{compare, Measure, Observation, Reference};
 /// One bucket of the window.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Bucket {
-    /// Its start, ms since the Unix epoch.
+    /// Its start, ms since the Unix epoch (a whole hour or day, UTC).
     pub start_ms: u64,
     pub decisions: u64,
     /// Decisions whose action was review.
@@ -64,9 +64,7 @@ pub struct Timeline<'a> {
 impl<'a> Timeline<'a> {
     /// Empty buckets over `span`; `labelled`: the ids of the labelled records.
     pub fn new(span: Span, reference: Option<&'a Reference>, labelled: &'a HashSet<String>) -> Timeline<'a> {
-        let buckets = (0..span.buckets())
-            .map(|i| Bucket { start_ms: span.since_ms + i as u64 * span.bucket_ms, ..Bucket::default() })
-            .collect();
+        let buckets = (0..span.buckets()).map(|i| Bucket { start_ms: span.start_of(i), ..Bucket::default() }).collect();
         Timeline { span, reference, labelled, buckets, totals: Totals::default(), open: 0, observations: Vec::new() }
     }
 

@@ -344,13 +344,10 @@ fn check_labels(r: &Value, sent: &[Sent], truths: &[&str]) {
     let mut by_reviewer = expect(sent, &(0..LABELLED).map(analyst_truth).collect::<Vec<_>>(), |i| {
         if i < 80 { REVIEWERS[i % 3] } else { "none" }.to_string()
     });
-    for i in 20..25 {
-        *by_source
-            .entry("chargeback".into())
-            .or_default()
-            .entry((sent[i].action.clone(), "risk".into()))
-            .or_default() += 1;
-        *by_reviewer.entry("none".into()).or_default().entry((sent[i].action.clone(), "risk".into())).or_default() += 1;
+    for s in &sent[20..25] {
+        let cell = (s.action.clone(), "risk".to_string());
+        *by_source.entry("chargeback".into()).or_default().entry(cell.clone()).or_default() += 1;
+        *by_reviewer.entry("none".into()).or_default().entry(cell).or_default() += 1;
     }
     assert_eq!(table(r, "source"), by_source);
     assert_eq!(table(r, "reviewer"), by_reviewer);

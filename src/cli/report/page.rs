@@ -68,7 +68,7 @@ fn header(out: &mut String, report: &Report, window: &str) {
         }
         None => out.push_str(" · no policy given (--policy-dir or --config): thresholds are not marked"),
     }
-    let _ = write!(out, " · generated {}</p>\n", time_text(report.generated_ms));
+    let _ = writeln!(out, " · generated {}</p>", time_text(report.generated_ms));
 }
 
 fn card(out: &mut String, id: &str, value: impl std::fmt::Display, what: &str) {
@@ -195,13 +195,13 @@ fn rates_table(out: &mut String, key: &str, what: &str, rows: &[Row]) {
 fn figure(out: &mut String, id: &str, svg: Option<&String>, empty: &str, caption: &str) {
     match svg {
         Some(svg) => {
-            let _ = write!(out, "<figure id=\"plot-{id}\">{svg}<figcaption>{caption}</figcaption></figure>\n");
+            let _ = writeln!(out, "<figure id=\"plot-{id}\">{svg}<figcaption>{caption}</figcaption></figure>");
         }
         None => {
-            let _ = write!(
+            let _ = writeln!(
                 out,
                 "<figure id=\"plot-{id}\" data-empty=\"true\"><p class=\"empty\">{empty}</p>\
-                 <figcaption>{caption}</figcaption></figure>\n"
+                 <figcaption>{caption}</figcaption></figure>"
             );
         }
     }
@@ -310,5 +310,5 @@ fn thresholds_table(out: &mut String, report: &Report) {
 fn data(out: &mut String, report: &Report) {
     let json = serde_json::to_string(report).unwrap_or_else(|_| "{}".into());
     let json = json.replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026");
-    let _ = write!(out, "<script type=\"application/json\" id=\"report-data\">{json}</script>\n");
+    let _ = writeln!(out, "<script type=\"application/json\" id=\"report-data\">{json}</script>");
 }

@@ -182,6 +182,7 @@ fn build(inputs: &Inputs, span: Span, bucket: &'static str) -> anyhow::Result<Re
     // One read transaction: every query below sees the same snapshot of a store a running
     // tiergate keeps writing (WAL readers never block its writer), so labels and decisions agree.
     conn.execute_batch("BEGIN").context("starting a read transaction")?;
+    read::check_schema(&conn, &inputs.store)?;
     eprintln!("report: reading labels of decisions made {} to {}", time_text(span.since_ms), time_text(span.until_ms));
     let decided = labelled(&conn, span.since_ms, span.until_ms).context("reading the labelled decisions")?;
     let every = labels(&conn, span.since_ms, span.until_ms).context("reading the labels")?;

@@ -60,6 +60,21 @@ pub struct Decided {
     pub observation: Option<Observation>,
 }
 
+/// Errors when the store was written by a tiergate from before labels (no `feedback` table or
+/// record ids): opened read-only, the report cannot add them; the current tiergate does on start.
+pub fn check_schema(conn: &Connection, store: &std::path::Path) -> anyhow::Result<()> {
+    let has = |sql: &str| -> rusqlite::Result<bool> { conn.prepare(sql)?.exists([]) };
+    let feedback = has("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'feedback'")?;
+    let record_id = has("SELECT 1 FROM pragma_table_info('records') WHERE name = 'record_id'")?;
+    anyhow::ensure!(
+        feedback && record_id,
+        "the audit store {} predates labels (no {}): start the current tiergate on it once to add them",
+        store.display(),
+        if feedback { "record ids" } else { "feedback table" }
+    );
+    Ok(())
+}
+
 fn clamp(ms: u64) -> i64 {
     ms.min(i64::MAX as u64) as i64
 }
@@ -116,7 +131,20 @@ pub fn labelled_kinds(conn: &Connection, span: &Span) -> anyhow::Result<HashMap<
 
 #[cfg(test)]
 mod tests {
-    use super::Span;
+    use super::{check_schema, Span};
+
+    #[test]
+    fn a_store_from_before_labels_is_named_with_what_it_lacks() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE records (id INTEGER PRIMARY KEY, record TEXT)").unwrap();
+        let e = check_schema(&conn, std::path::Path::new("/var/audit")).unwrap_err().to_string();
+        assert!(e.contains("/var/audit predates labels (no feedback table)"), "{e}");
+        conn.execute_batch("CREATE TABLE feedback (id INTEGER)").unwrap();
+        let e = check_schema(&conn, std::path::Path::new("/var/audit")).unwrap_err().to_string();
+        assert!(e.contains("(no record ids)"), "{e}");
+        conn.execute_batch("ALTER TABLE records ADD COLUMN record_id TEXT").unwrap();
+        check_schema(&conn, std::path::Path::new("/var/audit")).unwrap();
+    }
 
     #[test]
     fn buckets_are_whole_hours_and_cover_the_span() {

@@ -220,3 +220,47 @@ async fn after_sigkill_only_the_last_flush_interval_is_lost() {
     assert!(kept.iter().all(|id| answered_ids.contains(id)), "records for requests that were never answered");
     assert!(kept.len() + lost.len() == answered.len() && !kept.is_empty());
 }
+
+/// A label ships beside its record: after it on the record's key (so on its partition), with
+/// the labelled record's id in `tiergate-feedback-for` — not `tiergate-record-id`, which a
+/// consumer de-duplicates records by — and an update ships again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_ships_after_its_record_on_the_same_key() {
+    let dir = scratch("label");
+    let broker = Tansu::start();
+    let server = Server::with_audit(&dir, &broker.addr(), 50);
+    server.decide("labelled-0").await;
+    let send_label = |truth: &'static str| {
+        let body = json!({"request_id": "labelled-0", "label": truth, "source": "chargeback"}).to_string();
+        common::send(server.admin, "POST", "/v1/feedback", &[("content-type", "application/json")], body)
+    };
+    assert_eq!(send_label("risk").await.json()["results"][0]["outcome"], "accepted");
+    // Shipped before the update: a label replaced before it shipped ships once, as its latest.
+    at_least(&broker.addr(), 2).await;
+    assert_eq!(send_label("ok").await.json()["results"][0]["outcome"], "updated");
+    let on_broker = at_least(&broker.addr(), 3).await;
+    let (record, labels) = (&on_broker[0], &on_broker[1..]);
+    let record_id = record.value["record_id"].as_str().unwrap().as_bytes().to_vec();
+    assert_eq!(record.headers.get("tiergate-record-id"), Some(&record_id));
+    let truths: Vec<&str> = labels.iter().map(|l| l.value["label"].as_str().unwrap()).collect();
+    assert_eq!(truths, ["risk", "ok"], "in order, the update last");
+    for label in labels {
+        assert_eq!((label.value["type"].as_str(), label.key.as_str()), (Some("feedback"), "labelled-0"));
+        assert_eq!(label.partition, record.partition);
+        assert_eq!(label.headers.get("tiergate-feedback-for"), Some(&record_id));
+        assert!(!label.headers.contains_key("tiergate-record-id"));
+    }
+}
+
+/// Everything on the audit topic once it holds at least `n` messages (30 s at most).
+async fn at_least(broker: &str, n: usize) -> Vec<common::tansu::Consumed> {
+    let since = Instant::now();
+    loop {
+        let all = consume(broker, TOPIC).await;
+        if all.len() >= n {
+            return all;
+        }
+        assert!(since.elapsed() < Duration::from_secs(30), "labels never reached the broker: {all:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -69,6 +69,23 @@ async fn by_tier(admin: SocketAddr) -> BTreeMap<(String, String, String), u64> {
     counts
 }
 
+/// [`by_tier`] once it equals `expected` (the quality refresh runs about once a second), or
+/// what it is after 10 s.
+async fn by_tier_once_it_is(
+    admin: SocketAddr,
+    expected: &BTreeMap<(String, String, String), u64>,
+) -> BTreeMap<(String, String, String), u64> {
+    let mut seen = BTreeMap::new();
+    for _ in 0..100 {
+        seen = by_tier(admin).await;
+        if &seen == expected {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    seen
+}
+
 /// 200 decisions on a server with the hashed-text audit trail, 100 of them labelled (by record
 /// id and by request id, with repeats, updates and unknown ids): the answers say what became of
 /// each, and live quality counts exactly the labelled decisions by what decided them.
@@ -128,14 +145,7 @@ async fn labels_join_their_decisions_and_live_quality_counts_them_exactly() {
         let truth = if i == 3 { "ok" } else { truth(i) };
         *expected.entry((tier.clone(), action.clone(), truth.to_string())).or_default() += 1;
     }
-    let mut seen = BTreeMap::new();
-    for _ in 0..100 {
-        seen = by_tier(admin).await;
-        if seen == expected {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let seen = by_tier_once_it_is(admin, &expected).await;
     assert_eq!(seen, expected, "live quality counts each labelled decision once, by its final label");
     let outcomes: BTreeMap<String, f64> = samples(admin, "tiergate_feedback_labels_total")
         .await
@@ -154,6 +164,33 @@ async fn labels_join_their_decisions_and_live_quality_counts_them_exactly() {
     let ece_over = samples(admin, "tiergate_quality_model_labelled").await;
     let ece_over = ece_over.iter().find(|(l, _)| l["window"] == "1h").map(|(_, v)| *v as u64);
     assert_eq!(ece_over, Some(model), "the ECE is over the model tiers' labelled decisions");
+}
+
+/// Behind the proxy, the app gets the decision's record id in `x-tiergate-record-id` and labels
+/// the decision by it (a review its analyst worked, a chargeback weeks later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_behind_the_proxy_labels_its_decision_by_the_record_id_header() {
+    let app = common::app::start();
+    let routes = format!(
+        "[[routes]]\nname = \"pay\"\npath_prefix = \"/pay\"\nupstream = [\"{}\"]\n\
+         [routes.screen]\ntext = [\"/note\"]\n",
+        app.url()
+    );
+    let mut config = common::config_with_routes(&common::repo().join("policies"), &routes);
+    config.audit = Some(AuditConfig { dir: scratch("proxy"), ..AuditConfig::default() });
+    let (proxy, admin, _gateway) = common::start_with_admin(config, Sources::default(), Some(TOKEN));
+    let reply = post(proxy, "/pay", &[], &json!({"note": BENIGN})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let seen = app.requests().pop().expect("the allowed request reached the app");
+    let record_id = seen.headers["x-tiergate-record-id"].to_str().unwrap().to_string();
+    assert_eq!(record_id.len(), 36, "a UUID: {record_id}");
+    let labelled = label(admin, json!({"record_id": record_id, "label": "risk", "source": "chargeback"})).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{:?}", labelled.body);
+    let result = &labelled.json()["results"][0];
+    assert_eq!(
+        (result["outcome"].as_str(), result["request_id"].as_str()),
+        (Some("accepted"), seen.headers["x-request-id"].to_str().ok())
+    );
 }
 
 /// Bad labels are refused naming the field; the public listener takes labels only from a

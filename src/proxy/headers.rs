@@ -143,7 +143,7 @@ pub(super) fn prepare_request_headers(
 }
 
 /// The decision headers (`x-tiergate-action`, `-risk-score`, `-tier`, `-policy-version`, `-rule`,
-/// `-overloaded`),
+/// `-overloaded`, `-record-id`),
 /// or for a fail-open request `x-tiergate-action: unscreened` and `x-tiergate-screen-error`.
 pub(crate) fn set_decision_headers(headers: &mut HeaderMap, screened: &Screening) {
     match screened {
@@ -159,6 +159,9 @@ pub(crate) fn set_decision_headers(headers: &mut HeaderMap, screened: &Screening
             }
             if let Some(rule) = d.rule.as_deref().and_then(|r| HeaderValue::from_str(r).ok()) {
                 headers.insert(names::RULE, rule);
+            }
+            if let Some(id) = d.record_id.as_deref().and_then(|id| HeaderValue::from_str(id).ok()) {
+                headers.insert(names::RECORD_ID, id);
             }
             if d.overloaded {
                 headers.insert(names::OVERLOADED, HeaderValue::from_static("true"));

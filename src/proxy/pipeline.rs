@@ -69,7 +69,7 @@ where
     let policy = door.screen.config.policy.as_deref();
     // The front door's trace, when it began one (the Layer's requests have none).
     let trace = parts.extensions.get::<Trace>().cloned().unwrap_or_default();
-    let outcome = match request {
+    let mut outcome = match request {
         Ok(mut request) => {
             request.trace = trace.clone();
             door.port.decide(policy, request, request_id.to_string()).await
@@ -84,29 +84,34 @@ where
     let span = trace.start("record");
     let recorded = record(door, request_id, &outcome, unscreened.as_deref());
     trace.end(span, || vec![KeyValue::new(attr::AUDITED, door.port.audits() && recorded.is_ok())], None);
-    recorded?;
+    let record_id = recorded?;
+    if let Ok(decision) = &mut outcome {
+        // What the app labels the decision by (`POST /v1/feedback`), from `x-tiergate-record-id`.
+        decision.record_id = record_id;
+    }
     let screening = dispose(door, outcome, unscreened)?;
     Ok((screening, outgoing))
 }
 
 /// The record phase: a decision, or a request going on unscreened, gets its audit record (kind
 /// `screen`); a full audit queue under `on_full = "block"` turns either into a 503 before
-/// anything else. A refused request has no record (the client's error is its answer).
+/// anything else. A refused request has no record (the client's error is its answer). Returns
+/// the record's id (`None` without the audit trail).
 fn record(
     door: &Door<'_>,
     request_id: &str,
     outcome: &Result<Decision, ApiError>,
     unscreened: Option<&str>,
-) -> Result<(), ApiError> {
+) -> Result<Option<String>, ApiError> {
     let event = match (outcome, unscreened) {
         (Ok(decision), _) => Event::Decided { kind: Kind::Screen, decision },
         (Err(_), Some(reason)) => {
             let policy_version = door.port.policy(door.screen.config.policy.as_deref()).version.clone();
             Event::Unscreened { request_id, policy_version, reason }
         }
-        (Err(_), None) => return Ok(()),
+        (Err(_), None) => return Ok(None),
     };
-    door.port.record(event, door.name).map(drop)
+    door.port.record(event, door.name)
 }
 
 /// The dispose phase: applies the route's action mapping and failure mode. `Ok` goes on, `Err`

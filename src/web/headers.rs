@@ -45,6 +45,9 @@ pub const RISK_SCORE: &str = "x-tiergate-risk-score";
 pub const TIER: &str = "x-tiergate-tier";
 pub const POLICY_VERSION: &str = "x-tiergate-policy-version";
 pub const RULE: &str = "x-tiergate-rule";
+/// The decision's audit record id, when the audit trail is on: what the app names it by in a
+/// label (`POST /v1/feedback`).
+pub const RECORD_ID: &str = "x-tiergate-record-id";
 /// `true` when rules decided because no model tier had capacity (absent otherwise).
 pub const OVERLOADED: &str = "x-tiergate-overloaded";
 /// Why a fail-open route forwarded a request unscreened.

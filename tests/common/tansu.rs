@@ -92,6 +92,9 @@ pub struct Consumed {
     pub partition: i32,
     pub key: String,
     pub request_id: String,
+    /// The whole JSON value (a record, or a label: `"type": "feedback"`).
+    pub value: serde_json::Value,
+    pub headers: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 /// Every record of every partition of `topic`, read from the earliest offset to the high
@@ -117,6 +120,8 @@ pub async fn consume(broker: &str, topic: &str) -> Vec<Consumed> {
                     partition,
                     key: String::from_utf8(r.record.key.unwrap()).unwrap(),
                     request_id: value["request_id"].as_str().unwrap().to_string(),
+                    value,
+                    headers: r.record.headers,
                 });
             }
         }

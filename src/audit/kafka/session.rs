@@ -14,6 +14,9 @@ use std::time::Duration;
 
 /// The Kafka record header that carries the audit record's `record_id`.
 pub const RECORD_ID_HEADER: &str = "tiergate-record-id";
+/// The header of a label (`"type": "feedback"`): the `record_id` of the decision it labels. Not
+/// [`RECORD_ID_HEADER`], so that a consumer de-duplicating records by it keeps both.
+pub const FEEDBACK_FOR_HEADER: &str = "tiergate-feedback-for";
 
 /// The seed of Kafka's `Utils.murmur2`, which its default partitioner hashes keys with.
 const KAFKA_MURMUR2_SEED: u32 = 0x9747_b28c;
@@ -223,12 +226,14 @@ fn record(pending: &Pending) -> Record {
     struct Fields {
         unix_ms: Option<i64>,
         record_id: Option<String>,
+        #[serde(rename = "type")]
+        kind: Option<String>,
     }
     let fields = serde_json::from_slice::<Fields>(&pending.payload).unwrap_or_default();
     let unix_ms = fields.unix_ms.unwrap_or_else(now_ms);
     // The record's own id as a header too, so that a consumer can de-duplicate without parsing.
-    let headers =
-        fields.record_id.filter(|id| !id.is_empty()).map(|id| (RECORD_ID_HEADER.to_string(), id.into_bytes()));
+    let header = if fields.kind.as_deref() == Some("feedback") { FEEDBACK_FOR_HEADER } else { RECORD_ID_HEADER };
+    let headers = fields.record_id.filter(|id| !id.is_empty()).map(|id| (header.to_string(), id.into_bytes()));
     Record {
         key: Some(pending.key.clone().into_bytes()),
         value: Some(pending.payload.clone()),

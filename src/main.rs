@@ -114,6 +114,27 @@ enum Command {
     /// length) and the total variation distance of the language shares; `--plot` draws the
     /// ECDFs. `tiergate drift reference` makes the reference from a validation file.
     Drift(cli::drift::DriftArgs),
+    /// The feedback report: one self-contained HTML page of decision quality over a window of
+    /// decisions and their labels (`POST /v1/feedback`).
+    ///
+    /// Reads the audit store read-only, in one snapshot (a running tiergate keeps writing). The
+    /// window (--since, --until) selects decisions by when they were made, not when their labels
+    /// arrived. Each decision counts once, with the label that counts (a chargeback over an
+    /// analyst's, an analyst's over any other source's, the latest of a source); the per-source
+    /// and per-reviewer tables count every label with its labeller's truth.
+    ///
+    /// The page (plain HTML, inline SVG plots, nothing fetched): summary counts; per deciding
+    /// tier, rule or guard, scenario, language, record kind, tenant, tenant class, policy version,
+    /// label source and reviewer, the labelled decisions by action and truth and four rates —
+    /// block precision (blocked ∧ risk ÷ blocked), false-block rate (blocked ∧ ok ÷ ok),
+    /// risk-allowed rate (allowed ∧ risk ÷ risk) and review precision (reviewed ∧ risk ÷
+    /// reviewed: the share of reviews that were risk); the model tiers' reliability diagram and
+    /// ECE; precision/recall over the risk score with the policy's review_at and block_at marked;
+    /// action × truth heatmaps by record kind and by language; review load and drift (KS against
+    /// the model's reference) per hour or day. Every number is also in the page's JSON block
+    /// (`<script type="application/json" id="report-data">`). How to read it:
+    /// docs/operations.md, "Feedback report".
+    Report(cli::report::Args),
     /// Model directories: `tiergate model pack` turns your own ONNX classifier, its
     /// tokenizer.json and a labelled validation JSONL into a directory the cpu tier serves.
     Model(cli::model::Args),
@@ -177,6 +198,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Audit(args) => cli::audit::run(args),
         Command::Drift(args) => cli::drift::run(args),
+        Command::Report(args) => cli::report::run(args),
         Command::Model(args) => cli::model::run(args),
         Command::FeaturesModel(args) => cli::features::run(args),
         Command::Tune(args) => cli::tune::run(args),

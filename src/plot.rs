@@ -1,7 +1,10 @@
 //! SVG charts with the `plotters` crate (SVG backend only: text is written as SVG `<text>`
 //! elements and laid out with plotters' built-in size estimate, so no system font library is
-//! needed): ECDFs of live vs reference samples (`tiergate drift --plot`) and reliability
-//! diagrams (`tiergate calibrate --plot`).
+//! needed): ECDFs of live vs reference samples (`tiergate drift --plot`), reliability diagrams
+//! (`tiergate calibrate --plot`, `tiergate report`) and the feedback report's charts
+//! ([`quality`]).
+
+pub mod quality;
 
 use crate::calibrate::ReliabilityBin;
 use anyhow::Context as _;
@@ -123,11 +126,26 @@ pub struct ReliabilityCurve<'a> {
 /// diagonal of perfect calibration) of `curves` into an SVG file at `path`. Errors: the file
 /// cannot be written (naming it).
 pub fn reliability_svg(path: &Path, title: &str, curves: &[ReliabilityCurve<'_>]) -> anyhow::Result<()> {
-    reliability(path, title, curves).with_context(|| format!("drawing the plot {}", path.display()))
+    let root = SVGBackend::new(path, RELIABILITY_SIZE).into_drawing_area();
+    reliability(root, title, curves).with_context(|| format!("drawing the plot {}", path.display()))
 }
 
-fn reliability(path: &Path, title: &str, curves: &[ReliabilityCurve<'_>]) -> anyhow::Result<()> {
-    let root = SVGBackend::new(path, (560, 520)).into_drawing_area();
+/// [`reliability_svg`] as an SVG document in a string (for a page that inlines it).
+pub fn reliability_svg_string(title: &str, curves: &[ReliabilityCurve<'_>]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    reliability(SVGBackend::with_string(&mut svg, RELIABILITY_SIZE).into_drawing_area(), title, curves)
+        .context("drawing the reliability diagram")?;
+    Ok(svg)
+}
+
+/// A reliability diagram's size in pixels.
+const RELIABILITY_SIZE: (u32, u32) = (560, 520);
+
+fn reliability(
+    root: DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    curves: &[ReliabilityCurve<'_>],
+) -> anyhow::Result<()> {
     root.fill(&WHITE).map_err(plot_err)?;
     // Binary classification: the predicted class's confidence is at least 0.5.
     let lo = curves.iter().flat_map(|c| c.bins.iter().filter(|b| b.count > 0)).map(|b| b.lower).fold(0.5f64, f64::min);

@@ -7,5 +7,6 @@ pub mod drift;
 pub mod features;
 pub mod feedback;
 pub mod model;
+pub mod report;
 pub mod time;
 pub mod tune;

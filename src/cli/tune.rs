@@ -202,7 +202,7 @@ fn read(args: &Args) -> anyhow::Result<Input> {
 }
 
 /// The served model's temperature, from `calibration.json` in `dir`.
-fn model_temperature(dir: &Path) -> anyhow::Result<f64> {
+pub(crate) fn model_temperature(dir: &Path) -> anyhow::Result<f64> {
     let path = dir.join("calibration.json");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading the model's temperature from {} (set --config)", path.display()))?;

@@ -241,10 +241,10 @@ pub(super) async fn label(cx: &Context<'_>, req: Request<Incoming>) -> Result<Re
     }
     given.insert("source".into(), json!("analyst"));
     given.insert("reviewer".into(), json!(s.reviewer));
-    let labels = parse_labels(Value::Object(given).to_string().as_bytes())?;
+    let labels = parse_labels(Value::Object(given))?;
     let applied = audit.feedback(labels.clone()).await?;
     if let Some(feedback) = &g.feedback {
-        feedback.counted(&labels, &applied);
+        feedback.counted(&labels, &applied, false);
     }
     if applied.first().is_some_and(|a| a.outcome == Outcome::Unknown) {
         return Err(ApiError::UnknownRecord { field: "record_id", id: labels[0].target.id().to_string() });

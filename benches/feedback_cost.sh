@@ -9,8 +9,9 @@
 #    measured seconds after 2 s of warm-up;
 # 3. in the `labels` mode a feeder posts FEEDBACK_LABELS_RPS (50) labels/s to the admin
 #    listener's `POST /v1/feedback`, one per request as an analyst's console does, for record ids
-#    it reads from the live audit store through a read-only SQLite connection (as `tiergate
-#    report` does): mostly decisions of the last second, one in five a repeat or a relabel;
+#    it reads once a second from the live audit store through a read-only SQLite connection (as
+#    `tiergate report` does), over one keep-alive connection: mostly recent decisions, one in
+#    five a repeat or a relabel; its own CPU is reported beside the server's (same 2 cores);
 # 4. prints one table and the medians (also target/feedback_cost/<time>/report.md) and, per run
 #    with labels, the feeder's count of answers by status and the labels in the store after
 #    the server stopped (so a label that was answered but not kept would show).
@@ -63,24 +64,29 @@ stop_server() {
 # feeder SECONDS: post LABELS labels/s to the admin listener for SECONDS, then print its counts.
 feeder() {
   python3 - "$DIR/audit/audit.db" "http://127.0.0.1:$ADMIN/v1/feedback" "$LABELS" "$1" <<'PY'
-import collections, json, random, sqlite3, sys, time, urllib.error, urllib.request
-db, url, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+import collections, http.client, json, random, resource, sqlite3, sys, time, urllib.parse
+db, url, rate, seconds = sys.argv[1], urllib.parse.urlsplit(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 random.seed(29)
-conn = None
+# One keep-alive connection, as a review tool or an import would hold; the recent record ids
+# read once a second, so that the feeder's own CPU stays small beside the server's.
+http_conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+conn, recent, read_at = None, [], 0.0
 statuses, sent, labelled = collections.Counter(), 0, []
 start = time.monotonic()
 while time.monotonic() - start < seconds:
     due = start + sent / rate
     time.sleep(max(0.0, due - time.monotonic()))
-    try:
-        if conn is None:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        recent = [r[0] for r in conn.execute(
-            "SELECT record_id FROM records WHERE record_id IS NOT NULL ORDER BY id DESC LIMIT 100")]
-    except sqlite3.Error:
-        recent = []  # the store is not there until the first flush
+    if time.monotonic() - read_at >= 1.0:
+        read_at = time.monotonic()
+        try:
+            if conn is None:
+                conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+            recent = [r[0] for r in conn.execute(
+                "SELECT record_id FROM records WHERE record_id IS NOT NULL ORDER BY id DESC LIMIT 100")]
+        except sqlite3.Error:
+            pass  # the store is not there until the first flush
     if labelled and (not recent or random.random() < 0.2):
-        record_id = random.choice(labelled)  # a repeat (unchanged) or a relabel (updated)
+        record_id = random.choice(labelled)  # a repeat (duplicate) or a relabel (updated)
     elif recent:
         record_id = random.choice(recent)
         labelled.append(record_id)
@@ -89,16 +95,16 @@ while time.monotonic() - start < seconds:
         statuses["no record yet"] += 1
         continue
     body = json.dumps({"record_id": record_id, "label": random.choice(["risk", "ok"]),
-                       "source": "analyst", "reviewer": f"analyst-{sent % 7}"}).encode()
-    req = urllib.request.Request(url, body, {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            outcome = json.load(resp)["results"][0]["outcome"]
-            statuses[f"{resp.status} {outcome}"] += 1
-    except urllib.error.HTTPError as e:
-        statuses[f"{e.code}"] += 1
+                       "source": "analyst", "reviewer": f"analyst-{sent % 7}"})
+    http_conn.request("POST", url.path, body, {"content-type": "application/json"})
+    resp = http_conn.getresponse()
+    answer = resp.read()
+    outcome = json.loads(answer)["results"][0]["outcome"] if resp.status == 200 else ""
+    statuses[f"{resp.status} {outcome}".strip()] += 1
     sent += 1
-print(json.dumps({"sent": sent, "answers": dict(statuses), "distinct_records": len(set(labelled))}))
+cpu = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"sent": sent, "answers": dict(statuses), "distinct_records": len(set(labelled)),
+                  "feeder_cpu_s": round(cpu.ru_utime + cpu.ru_stime, 2)}))
 PY
 }
 trap '[[ -n "$PID" ]] && kill "$PID" 2>/dev/null; [[ -n "$FEEDER" ]] && kill "$FEEDER" 2>/dev/null; true' EXIT
@@ -136,13 +142,14 @@ runs = [json.loads(l) for l in open(f"{out}/results.jsonl")]
 fed = {r["label"]: r for r in map(json.loads, open(f"{out}/labels.jsonl"))}
 print(f"Feedback cost at {rate} requests/s of short texts, with and without {labels} labels/s to"
       " POST /v1/feedback (audit trail on in both):\n")
-print("| run | offered/s | goodput/s | p50 ms | p99 ms | server CPU ms/req | labels sent | answers | labels kept |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| run | offered/s | goodput/s | p50 ms | p99 ms | server CPU ms/req | labels sent | answers | labels kept | feeder CPU s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in runs:
     f = fed.get(r["label"], {})
     answers = ", ".join(f"{k}: {v}" for k, v in sorted(f.get("answers", {}).items())) or "-"
     print(f"| {r['label']} | {r['offered_rps']:.0f} | {r['goodput_rps']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-          f"{r['server_cpu_ms_per_req']} | {f.get('sent', '-')} | {answers} | {f.get('labels_in_store', '-')} |")
+          f"{r['server_cpu_ms_per_req']} | {f.get('sent', '-')} | {answers} | {f.get('labels_in_store', '-')} | "
+          f"{f.get('feeder_cpu_s', '-')} |")
 def values(mode, key):
     return [r[key] for r in runs if r["label"].startswith(f"feedback-{mode}-")]
 print("\n| mode | p50 ms (median) | p99 ms (median) | p99 ms range | CPU ms/req (median) | CPU range |")

@@ -20,7 +20,7 @@ use super::review_text::ReviewTexts;
 use super::store::{Retention, Store};
 use super::text::TextPolicy;
 use super::AuditMetrics;
-use crate::feedback::{Applied, Label, Outcome};
+use crate::feedback::{Applied, Label, Outcome, Target};
 use crate::metrics::KindLabels;
 use crossbeam_channel::{select, Receiver};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,8 +128,7 @@ impl Writer {
                     }
                 },
             };
-            self.flush(&mut batch);
-            due = None;
+            self.commit_before(&control, &mut batch, &mut due);
             match control {
                 Control::Flush(done) => {
                     let _ = done.send(());
@@ -160,14 +159,44 @@ impl Writer {
         }
     }
 
-    /// Takes every record queued so far into the batch, then renders and commits it (in chunks
-    /// of `flush_max`), retrying a failed commit.
-    fn flush(&mut self, batch: &mut Vec<Draft>) {
-        // At most a queue's worth, so that senders outpacing the writer cannot keep it here.
+    /// Commits the open batch before `control` (`due`: when the batch is due, `None` once
+    /// committed). Labels must find their records, but usually come long after their decisions:
+    /// for labels the batch is committed only when it holds a record one of them names, else it
+    /// stays open until due (a commit per label would cost the writer its batching).
+    fn commit_before(&mut self, control: &Control, batch: &mut Vec<Draft>, due: &mut Option<Instant>) {
+        let must = match control {
+            Control::Feedback { labels, .. } => {
+                self.gather(batch);
+                batch.iter().any(|d| {
+                    labels.iter().any(|l| match &l.target {
+                        Target::RecordId(id) => *id == d.record_id,
+                        Target::RequestId(id) => *id == d.request_id,
+                    })
+                })
+            }
+            _ => true,
+        };
+        if must {
+            self.flush(batch);
+            *due = None;
+        } else if !batch.is_empty() && due.is_none() {
+            *due = Some(Instant::now() + self.flush_every);
+        }
+    }
+
+    /// Takes every record queued so far into the batch; at most a queue's worth, so that
+    /// senders outpacing the writer cannot keep it here.
+    fn gather(&self, batch: &mut Vec<Draft>) {
         for queue in [&self.records, &self.overflow] {
             let queued = queue.len();
             batch.extend(queue.try_iter().take(queued).map(|draft| *draft));
         }
+    }
+
+    /// Takes every record queued so far into the batch, then renders and commits it (in chunks
+    /// of `flush_max`), retrying a failed commit.
+    fn flush(&mut self, batch: &mut Vec<Draft>) {
+        self.gather(batch);
         while !batch.is_empty() {
             let take = batch.len().min(self.flush_max);
             let started = Instant::now();

@@ -277,6 +277,20 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
+/// The JSON type of `v` with its article ("a number", "null"), for an error message naming
+/// what a field held instead of what it needs.
+pub fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! (`[server]`: text length, feature count; tenant length; deadline range). Errors name the
 //! field and the limit.
 
-use crate::error::ApiError;
+use crate::error::{json_type, ApiError};
 use crate::tenant::{Identity, Tenants};
 use crate::web::{headers, ServerConfig};
 use http::HeaderMap;
@@ -111,7 +111,7 @@ impl ClassifyRequest {
     pub fn from_json(headers: &HeaderMap, body: &[u8], server: &ServerConfig) -> Result<ClassifyRequest, ApiError> {
         let value = crate::web::json::parse(body)?;
         let Value::Object(mut obj) = value else {
-            return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", type_name(&value))));
+            return Err(ApiError::invalid("body", format!("body must be a JSON object, got {}", json_type(&value))));
         };
         if let Some(unknown) = obj.keys().find(|k| !matches!(k.as_str(), "text" | "features" | "tenant" | "scenario")) {
             return Err(ApiError::invalid(
@@ -124,7 +124,7 @@ impl ClassifyRequest {
             None | Some(Value::Null) => return Err(ApiError::invalid("text", "`text` is required")),
             Some(Value::String(s)) => s,
             Some(other) => {
-                return Err(ApiError::invalid("text", format!("`text` must be a string, got {}", type_name(&other))))
+                return Err(ApiError::invalid("text", format!("`text` must be a string, got {}", json_type(&other))))
             }
         };
         let features = match obj.remove("features") {
@@ -133,7 +133,7 @@ impl ClassifyRequest {
             Some(other) => {
                 return Err(ApiError::invalid(
                     "features",
-                    format!("`features` must be an object, got {}", type_name(&other)),
+                    format!("`features` must be an object, got {}", json_type(&other)),
                 ))
             }
         };
@@ -143,7 +143,7 @@ impl ClassifyRequest {
             Some(other) => {
                 return Err(ApiError::invalid(
                     "tenant",
-                    format!("`tenant` must be a string, got {}", type_name(&other)),
+                    format!("`tenant` must be a string, got {}", json_type(&other)),
                 ))
             }
         };
@@ -168,7 +168,7 @@ fn scenario(field: Option<Value>, headers: &HeaderMap) -> Result<Option<String>,
         Some(other) => {
             return Err(ApiError::invalid(
                 "scenario",
-                format!("`scenario` must be a string, got {}", type_name(&other)),
+                format!("`scenario` must be a string, got {}", json_type(&other)),
             ))
         }
     };
@@ -216,17 +216,6 @@ pub fn explain_flag(query: Option<&str>) -> Result<bool, ApiError> {
         }
     }
     Ok(false)
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

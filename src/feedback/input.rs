@@ -3,7 +3,7 @@
 //! its index in an array, and the limit).
 
 use super::Truth;
-use crate::error::ApiError;
+use crate::error::{json_type, ApiError};
 use serde_json::Value;
 
 /// Most labels in one request body.
@@ -154,18 +154,6 @@ fn plain(s: &str, lines: bool) -> bool {
         let allowed_control = lines && (c == '\n' || c == '\t');
         (!c.is_control() || allowed_control) && !matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
     })
-}
-
-/// The JSON type of `v`, for an error message.
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -189,6 +189,10 @@ async fn a_full_queue_answers_503_with_retry_after_under_block() {
     assert_eq!(refused.headers["retry-after"], "1");
     assert!(refused.json()["error"]["message"].as_str().unwrap().contains("audit"), "{:?}", refused.body);
     drop(paused);
+    // The resumed writer must take "first" off the one-slot queue before "third" can fit: without
+    // this wait the third request raced the writer and was (rightly) refused on a busy machine.
+    let waiting = audit.clone();
+    tokio::task::spawn_blocking(move || waiting.flush()).await.unwrap();
     assert_eq!(post(addr, "/v1/classify", "third", json!({"text": BENIGN})).await.status, StatusCode::OK);
     audit.flush();
     let ids: Vec<usize> = ["first", "second", "third"].iter().map(|id| records(&dir, id).len()).collect();

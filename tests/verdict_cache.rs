@@ -138,8 +138,10 @@ async fn a_wave_of_identical_requests_costs_one_model_call_and_each_is_guarded_a
         metric(addr, &lookups("miss")).await,
     );
     eprintln!("wave of {WAVE}: {hit} hits, {coalesced} coalesced (single flight), {miss} miss");
+    // How many waited for the call in flight (coalesced) rather than finding it stored (hit) is
+    // timing: on a fast machine the call can end before the second stream arrives. Single flight
+    // itself is pinned by the cache's unit test `concurrent_identical_requests_wait_for_one_call`.
     assert_eq!((hit + coalesced, miss), (WAVE as u64 - 1, 1));
-    assert!(coalesced > 0, "requests that arrived while the model call was in flight waited for it");
     assert_eq!(metric(addr, "tiergate_verdict_cache_insertions_total{tier=\"cpu\"}").await, 1);
     assert_eq!(metric(addr, &lookups("timeout")).await, 0);
 

@@ -44,9 +44,9 @@ fn bench_stream(c: &mut Criterion) {
     let env = tiergate::ort_lib::environment(None).expect("ONNX Runtime");
     let assets = ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
     let one = |threads| SessionOptions::from(&ModelConfig { intra_threads: threads, ..ModelConfig::default() });
-    let mut alone = assets.classifier(env, one(1)).unwrap();
-    let mut single = assets.classifier(env, one(2)).unwrap();
-    let mut pair = [assets.classifier(env, one(1)).unwrap(), assets.classifier(env, one(1)).unwrap()];
+    let mut alone = assets.classifier(env, one(1), None).unwrap();
+    let mut single = assets.classifier(env, one(2), None).unwrap();
+    let mut pair = [assets.classifier(env, one(1), None).unwrap(), assets.classifier(env, one(1), None).unwrap()];
     for long in [false, true] {
         let texts = all_messages(long);
         let kind = if long { "long" } else { "short" };
@@ -115,7 +115,7 @@ fn bench(c: &mut Criterion) {
     let assets = ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
     for threads in [1, 2] {
         let options = SessionOptions::from(&ModelConfig { intra_threads: threads, ..ModelConfig::default() });
-        let mut classifier = assets.classifier(env, options).unwrap();
+        let mut classifier = assets.classifier(env, options, None).unwrap();
         for long in [false, true] {
             let texts = messages(long);
             assert_eq!(texts.len(), 32, "32 messages of each kind");

@@ -34,7 +34,7 @@ fn main() {
     let env = tiergate::ort_lib::environment(None).expect("ONNX Runtime");
     let assets = ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
     let mut classifier = assets
-        .classifier(env, SessionOptions::from(&ModelConfig { intra_threads: 1, ..ModelConfig::default() }))
+        .classifier(env, SessionOptions::from(&ModelConfig { intra_threads: 1, ..ModelConfig::default() }), None)
         .unwrap();
     let texts = common::texts("ood_short.jsonl", |t| t.len() < 160);
     let calls = 400;

@@ -50,7 +50,7 @@ fn model_config(max_batch: usize, delay_us: u64, queue: usize) -> ModelConfig {
 fn unbatched(texts: &[String]) -> Vec<f64> {
     let env = tiergate::ort_lib::environment(None).unwrap();
     let assets = ModelAssets::load(&repo().join("models")).unwrap();
-    let mut c = assets.classifier(env, SessionOptions::from(&model_config(1, 0, 8))).unwrap();
+    let mut c = assets.classifier(env, SessionOptions::from(&model_config(1, 0, 8)), None).unwrap();
     texts.iter().map(|t| c.classify(&[t.as_str()]).unwrap()[0].risk_score).collect()
 }
 
@@ -63,7 +63,7 @@ fn batched_results_match_unbatched_for_mixed_lengths() {
     let alone = unbatched(&texts);
     let env = tiergate::ort_lib::environment(None).unwrap();
     let assets = ModelAssets::load(&repo().join("models")).unwrap();
-    let mut c = assets.classifier(env, SessionOptions::from(&model_config(16, 0, 8))).unwrap();
+    let mut c = assets.classifier(env, SessionOptions::from(&model_config(16, 0, 8)), None).unwrap();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let together = c.classify(&refs).unwrap();
     let mut max_diff: f64 = 0.0;

@@ -136,7 +136,7 @@ fn batch_drift(model_dir: &Path) -> f64 {
         .collect();
     let env = tiergate::ort_lib::environment(None).unwrap();
     let options = SessionOptions::from(&tiergate::tier::ModelConfig { intra_threads: 1, ..Default::default() });
-    let mut c = ModelAssets::load(model_dir).unwrap().classifier(env, options).unwrap();
+    let mut c = ModelAssets::load(model_dir).unwrap().classifier(env, options, None).unwrap();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let together = c.classify(&refs).unwrap();
     let alone = refs.iter().map(|t| c.classify(&[*t]).unwrap()[0].risk_score);
@@ -191,7 +191,7 @@ async fn a_long_text_on_two_sessions_scores_as_on_one() {
         .unwrap()
         .with_windows(config(false).windows)
         .unwrap()
-        .classifier(env, SessionOptions::from(&config(false)))
+        .classifier(env, SessionOptions::from(&config(false)), None)
         .unwrap();
     let pool = OnnxPool::start(env, &config(true), "parallel-test").unwrap();
     let far = || tokio::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -117,7 +117,7 @@ fn model_logits(
 ) -> anyhow::Result<Scored> {
     let env = tiergate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
     let assets = ModelAssets::load(dir.unwrap_or(&model.dir))?;
-    let mut classifier = assets.classifier(env, SessionOptions::from(model))?;
+    let mut classifier = assets.classifier(env, SessionOptions::from(model), None)?;
     let mut logits = Vec::with_capacity(examples.len());
     for chunk in examples.chunks(16) {
         let texts: Vec<&str> = chunk.iter().map(|e| e.text.as_str()).collect();

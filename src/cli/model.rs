@@ -318,7 +318,7 @@ struct Scored {
 fn score(env: &ort::environment::Environment, dir: &Path, rows: &[(String, usize)]) -> anyhow::Result<Scored> {
     let assets = ModelAssets::load(dir)?;
     let options = SessionOptions { intra_threads: 2, intra_op_spinning: false, provider: Provider::Cpu, device_id: 0 };
-    let mut classifier = assets.classifier(env, options)?;
+    let mut classifier = assets.classifier(env, options, None)?;
     let (mut logits, mut embeddings) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
     for (i, chunk) in rows.chunks(16).enumerate() {
         let texts: Vec<&str> = chunk.iter().map(|r| r.0.as_str()).collect();

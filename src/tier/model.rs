@@ -19,12 +19,13 @@ use super::WindowRef;
 use crate::calibrate::{softmax_t, CalibrationFile};
 use anyhow::{bail, Context as _};
 use ort::environment::Environment;
-use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights, SessionBuilder};
 use ort::session::Session;
 use ort::value::Tensor;
 use serde::Deserialize;
 use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokenizers::{Encoding, Tokenizer};
 
 /// `model.json`.
@@ -58,8 +59,10 @@ pub struct ModelInfo {
 #[derive(Clone)]
 pub struct ModelAssets {
     pub info: ModelInfo,
-    /// The model's tokenizer: windows of `max_seq_len` tokens (see [`Windows`]).
-    tokenizer: Tokenizer,
+    /// The model's tokenizer: windows of `max_seq_len` tokens (see [`Windows`]). Shared: a
+    /// multilingual vocabulary's tokenizer is tens of MB, and every session and the token
+    /// counter read the same one.
+    tokenizer: Arc<Tokenizer>,
     /// The id padding gets in a batch: the tokenizer's `[PAD]` or `<pad>` (0 if it has neither).
     pad_id: i64,
     windows: Windows,
@@ -148,7 +151,7 @@ impl ModelAssets {
                 temperature: calibration.temperature,
                 onnx_path,
             },
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             pad_id,
             windows,
             ood,
@@ -157,7 +160,8 @@ impl ModelAssets {
 
     /// Reads long texts in `windows` (the default: [`Windows::default`]).
     pub fn with_windows(mut self, windows: Windows) -> anyhow::Result<ModelAssets> {
-        windows.configure(&mut self.tokenizer, self.info.max_seq_len)?;
+        // Copies the tokenizer only if a classifier or counter already shares it.
+        windows.configure(Arc::make_mut(&mut self.tokenizer), self.info.max_seq_len)?;
         self.windows = windows;
         Ok(self)
     }
@@ -170,7 +174,7 @@ impl ModelAssets {
     /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
     /// are the model's own input.
     pub fn token_counter(&self) -> TokenCounter {
-        TokenCounter::new(self.tokenizer.clone(), self.info.max_seq_len, self.windows)
+        TokenCounter::new(Arc::clone(&self.tokenizer), self.info.max_seq_len, self.windows)
     }
 
     /// `text` as the model reads it (see [`super::windows::encode`]).
@@ -178,8 +182,15 @@ impl ModelAssets {
         encode(&self.tokenizer, text, self.info.max_seq_len, self.windows)
     }
 
-    /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`).
-    pub fn classifier(&self, env: &Environment, options: SessionOptions) -> anyhow::Result<Classifier> {
+    /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`). Sessions
+    /// given the same `prepacked` container share the weights ONNX Runtime re-lays out for its
+    /// integer kernels (`CreateSessionWithPrepackedWeightsContainer`) instead of one copy each.
+    pub fn classifier(
+        &self,
+        env: &Environment,
+        options: SessionOptions,
+        prepacked: Option<&PrepackedWeights>,
+    ) -> anyhow::Result<Classifier> {
         let configure = |e: ort::Error<SessionBuilder>| anyhow::anyhow!("configuring the ONNX Runtime session: {e}");
         let builder = Session::builder(env)
             .map_err(|e| anyhow::anyhow!("creating an ONNX Runtime session: {e}"))?
@@ -205,6 +216,9 @@ impl ModelAssets {
                     )
                 })?,
         };
+        if let Some(prepacked) = prepacked {
+            builder = builder.with_prepacked_weights(prepacked).map_err(configure)?;
+        }
         let session = builder
             .commit_from_file(&self.info.onnx_path)
             .map_err(|e| anyhow::anyhow!("loading {} into ONNX Runtime: {e}", self.info.onnx_path.display()))?;

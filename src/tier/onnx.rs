@@ -26,6 +26,7 @@ use crate::tier::TierError;
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use futures_util::future::BoxFuture;
 use ort::environment::Environment;
+use ort::session::builder::PrepackedWeights;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -84,8 +85,10 @@ impl OnnxPool {
         let texts_split = Arc::new(AtomicU64::new(0));
         #[cfg(test)]
         let stall = Arc::new(tests::Stall::default());
+        // One copy of the packed weights for all of the pool's sessions (RSS, issue 26).
+        let prepacked = PrepackedWeights::new();
         for i in 0..config.sessions {
-            let classifier = assets.classifier(env, options)?;
+            let classifier = assets.classifier(env, options, Some(&prepacked))?;
             let rx = rx.clone();
             let in_flight = Arc::clone(&in_flight);
             let service = Arc::clone(&service);

@@ -85,7 +85,7 @@ pub fn encode(tokenizer: &Tokenizer, text: &str, max_seq_len: usize, windows: Wi
 /// model does not tokenise the same text again.
 #[derive(Clone)]
 pub struct TokenCounter {
-    tokenizer: Tokenizer,
+    tokenizer: std::sync::Arc<Tokenizer>,
     max_seq_len: usize,
     windows: Windows,
 }
@@ -109,7 +109,7 @@ impl Tokens {
 }
 
 impl TokenCounter {
-    pub fn new(tokenizer: Tokenizer, max_seq_len: usize, windows: Windows) -> TokenCounter {
+    pub fn new(tokenizer: std::sync::Arc<Tokenizer>, max_seq_len: usize, windows: Windows) -> TokenCounter {
         TokenCounter { tokenizer, max_seq_len, windows }
     }
 
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn counting_keeps_the_encoding_of_short_texts_only() {
         let w = Windows::default();
-        let c = TokenCounter::new(tokenizer(w), 128, w);
+        let c = TokenCounter::new(std::sync::Arc::new(tokenizer(w)), 128, w);
         let short = c.count("your parcel is held, pay the fee", 64);
         assert!(short.encoded.is_some() && short.count > 5 && short.count < 64);
         let long = c.count(&"many words here ".repeat(30), 64);

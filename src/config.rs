@@ -243,6 +243,7 @@ impl Config {
         self.ab.validate()?;
         crate::tier::gpu::validate(&self.gpu)?;
         self.drift.validate()?;
+        self.admission.validate()?;
         self.tenants.check(self.admission.quota())?;
         for (i, route) in self.routes.iter().enumerate() {
             if let Some(tenant) = route.screen.as_ref().and_then(|s| s.tenant_name.as_deref()) {

@@ -71,6 +71,13 @@ pub struct AdmissionConfig {
     pub tenant_rps: u32,
     /// Burst size (0: the same as `tenant_rps`).
     pub tenant_burst: u32,
+    /// Overflow pacing (`super::overflow`): the rules' answers for requests the saturated model
+    /// tiers had no room for are released at most this many per model answer (GCRA); 0: off.
+    pub overflow_per_model_answer: f64,
+    /// The pacing's burst tolerance, ms.
+    pub overflow_burst_ms: u64,
+    /// The paced rate's floor, answers/s (while the model has answered little).
+    pub overflow_min_rps: f64,
 }
 
 impl AdmissionConfig {
@@ -83,9 +90,46 @@ impl AdmissionConfig {
     }
 }
 
+impl AdmissionConfig {
+    /// Overflow pacing's keys.
+    pub fn overflow(&self) -> super::overflow::OverflowConfig {
+        super::overflow::OverflowConfig {
+            per_model_answer: self.overflow_per_model_answer,
+            burst_ms: self.overflow_burst_ms,
+            min_rps: self.overflow_min_rps,
+        }
+    }
+
+    /// Errors name the key and its range.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1000.0).contains(&self.overflow_per_model_answer) {
+            return Err(format!(
+                "[admission] overflow_per_model_answer must be within 0 (off) ..= 1000, got {}",
+                self.overflow_per_model_answer
+            ));
+        }
+        if self.overflow_burst_ms > 10_000 {
+            return Err(format!("[admission] overflow_burst_ms must be at most 10000, got {}", self.overflow_burst_ms));
+        }
+        if !(1.0..=1e6).contains(&self.overflow_min_rps) {
+            return Err(format!(
+                "[admission] overflow_min_rps must be within 1 ..= 1000000, got {}",
+                self.overflow_min_rps
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { tenant_rps: 0, tenant_burst: 50 }
+        AdmissionConfig {
+            tenant_rps: 0,
+            tenant_burst: 50,
+            overflow_per_model_answer: 1.5,
+            overflow_burst_ms: 50,
+            overflow_min_rps: 50.0,
+        }
     }
 }
 

@@ -91,6 +91,7 @@ impl Gateway {
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;
         let verdicts = super::cache::VerdictCache::start(config.cache, &cpu, gpu.as_ref(), metrics.registry_mut());
+        let overflow = super::overflow::OverflowPacer::new(config.admission.overflow(), metrics.registry_mut());
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
@@ -117,6 +118,7 @@ impl Gateway {
             verdicts,
             campaigns,
             feedback,
+            overflow,
         });
         if config.policies.watch {
             gateway.watch(Duration::from_millis(config.policies.debounce_ms))?;

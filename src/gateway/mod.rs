@@ -20,6 +20,7 @@ mod explain;
 mod features;
 mod guard;
 mod lifecycle;
+pub mod overflow;
 pub mod shadow;
 pub mod shadow_model;
 mod trace;
@@ -106,6 +107,8 @@ pub struct Gateway {
     pub campaigns: Option<Arc<crate::campaign::Campaigns>>,
     /// Labels' peers and live quality (`crate::feedback`); with the audit trail only.
     pub feedback: Option<Arc<crate::feedback::Feedback>>,
+    /// Paces the rules' answers for requests the saturated model tiers had no room for.
+    pub overflow: overflow::OverflowPacer,
 }
 
 impl Gateway {
@@ -273,6 +276,7 @@ impl Gateway {
         // Shares the cell: the guards, which run on every request, have detected it by the end.
         let lang = assessment.facts.lang.clone();
         let (decision, mut explain) = cascade::run(&inputs, assessment, &tiers).await?;
+        self.overflow.pace(&decision.path, decision.overloaded, started + req.deadline).await;
         if let Some(e) = &mut explain {
             self.explain_models(e, &decision, &canonical, features.as_ref(), &policy).await;
         }

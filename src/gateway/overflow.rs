@@ -1,0 +1,230 @@
+//! Overflow pacing: the rules' answers for requests the saturated model tiers had no room for
+//! (`Decision::overloaded`, "overflow") are released at most `[admission]
+//! overflow_per_model_answer` times the model's own answer rate, by GCRA (the generic cell rate
+//! algorithm, ITU-T I.371) with a burst tolerance of `overflow_burst_ms`.
+//!
+//! Why: an overflow answer costs the async runtime about as much CPU as a model answer's
+//! non-model part, and it comes back at once. A closed-loop client (a retry storm: every
+//! connection sends again as soon as it is answered) then turns the cheap path into thousands
+//! of answers per second whose CPU comes out of the model workers' share (docs/BENCHMARKS.md
+//! "A retry storm": the model kept 0.47x of its light-load rate at 256 connections). Pacing the
+//! overflow to a multiple of what the model answers holds such clients to that multiple, so the
+//! model keeps its share; an open-loop overload whose excess stays under the multiple is never
+//! delayed (its answers conform to the GCRA). A paced answer is never refused: it waits for its
+//! slot, but never past its deadline (the rules then answer at once).
+//!
+//! The model's rate is an EWMA (weight [`EWMA_WEIGHT`] per [`RATE_WINDOW`]) of the model steps
+//! the decisions report (a cpu or gpu step with a score, not reused from the verdict cache);
+//! `overflow_min_rps` is the floor while the model has answered little (start, a stalled tier).
+
+#[cfg(doc)]
+use crate::decision::Decision;
+use crate::decision::{Step, TierName};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often the model's answer rate is re-estimated.
+pub const RATE_WINDOW: Duration = Duration::from_millis(100);
+/// The EWMA weight of the newest window's rate (a time constant of ~1 s at 100 ms windows).
+pub const EWMA_WEIGHT: f64 = 0.1;
+/// Time left before the deadline that a paced answer keeps for the rules and the response.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
+
+/// The `[admission]` keys of overflow pacing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OverflowConfig {
+    /// Overflow answers released per model answer (0: pacing off).
+    pub per_model_answer: f64,
+    /// GCRA burst tolerance, in ms of the paced rate.
+    pub burst_ms: u64,
+    /// The paced rate's floor, answers per second.
+    pub min_rps: f64,
+}
+
+/// GCRA's step for one arrival at `now`: `tat` is the theoretical arrival time so far,
+/// `interval` the emission interval (1 / rate), `tolerance` the burst tolerance. Returns how
+/// long the arrival waits (zero: it conforms) and the new `tat`.
+pub fn gcra(tat: Instant, now: Instant, interval: Duration, tolerance: Duration) -> (Duration, Instant) {
+    let tat = tat.max(now);
+    let wait = tat.saturating_duration_since(now).saturating_sub(tolerance);
+    (wait, tat + interval)
+}
+
+/// The model's answer rate after one more window: `count` answers in `elapsed`, folded into the
+/// running `rate` (answers/s; the first window sets it).
+pub fn ewma_rate(rate: Option<f64>, count: u64, elapsed: Duration) -> f64 {
+    let now = count as f64 / elapsed.as_secs_f64().max(1e-9);
+    rate.map_or(now, |r| r + EWMA_WEIGHT * (now - r))
+}
+
+struct State {
+    tat: Instant,
+    window_start: Instant,
+    window_count: u64,
+    rate: Option<f64>,
+}
+
+/// Paces overflow answers (see the module docs); one per gateway.
+pub struct OverflowPacer {
+    config: OverflowConfig,
+    model_answers: AtomicU64,
+    state: Mutex<State>,
+    paced: Counter,
+    waited: Histogram,
+}
+
+impl OverflowPacer {
+    pub fn new(config: OverflowConfig, registry: &mut Registry) -> OverflowPacer {
+        let paced = Counter::default();
+        let waited = Histogram::new(exponential_buckets(1e-3, 2.0, 12));
+        registry.register(
+            "overflow_paced",
+            "Overflow answers (rules in place of the saturated model tiers) that waited for their GCRA slot",
+            paced.clone(),
+        );
+        registry.register(
+            "overflow_wait_seconds",
+            "How long each paced overflow answer waited (deadline-bounded)",
+            waited.clone(),
+        );
+        let now = Instant::now();
+        OverflowPacer {
+            config,
+            model_answers: AtomicU64::new(0),
+            state: Mutex::new(State { tat: now, window_start: now, window_count: 0, rate: None }),
+            paced,
+            waited,
+        }
+    }
+
+    /// Counts a decision's model steps (its `path`) and, when the rules answered for want of
+    /// model capacity (`overloaded`, [`Decision::overloaded`]), waits for its slot (never past
+    /// `deadline`). Returns the wait.
+    pub async fn pace(&self, path: &[Step], overloaded: bool, deadline: Instant) -> Duration {
+        let ran = path
+            .iter()
+            .filter(|s| matches!(s.tier, TierName::Cpu | TierName::Gpu) && s.risk_score.is_some() && !s.cached)
+            .count() as u64;
+        if ran > 0 {
+            self.model_answers.fetch_add(ran, Ordering::Relaxed);
+        }
+        if !overloaded || self.config.per_model_answer <= 0.0 {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        let wait = self.slot(now).min(deadline.saturating_duration_since(now).saturating_sub(DEADLINE_MARGIN));
+        if !wait.is_zero() {
+            self.paced.inc();
+            self.waited.observe(wait.as_secs_f64());
+            tokio::time::sleep(wait).await;
+        }
+        wait
+    }
+
+    /// The wait of an overflow answer arriving at `now`, and the GCRA state advanced past it.
+    fn slot(&self, now: Instant) -> Duration {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let elapsed = now.saturating_duration_since(s.window_start);
+        if elapsed >= RATE_WINDOW {
+            let total = self.model_answers.load(Ordering::Relaxed);
+            s.rate = Some(ewma_rate(s.rate, total - s.window_count, elapsed));
+            (s.window_start, s.window_count) = (now, total);
+        }
+        let rate = (self.config.per_model_answer * s.rate.unwrap_or(0.0)).max(self.config.min_rps);
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let tolerance = Duration::from_millis(self.config.burst_ms);
+        let (wait, tat) = gcra(s.tat, now, interval, tolerance);
+        s.tat = tat;
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gcra_lets_a_burst_through_then_spaces_arrivals_by_the_interval() {
+        let (t0, i, tol) = (Instant::now(), Duration::from_millis(10), Duration::from_millis(30));
+        let mut tat = t0;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            let (w, next) = gcra(tat, t0, i, tol);
+            waits.push(w.as_millis());
+            tat = next;
+        }
+        // Four conform (tat - now <= 30 ms), then each waits one interval more.
+        assert_eq!(waits, [0, 0, 0, 0, 10, 20]);
+        // An arrival after the backlog drained conforms again.
+        let (w, _) = gcra(tat, t0 + Duration::from_millis(100), i, tol);
+        assert_eq!(w, Duration::ZERO);
+    }
+
+    #[test]
+    fn arrivals_at_the_rate_never_wait() {
+        let (t0, i) = (Instant::now(), Duration::from_millis(5));
+        let mut tat = t0;
+        for k in 0..1000 {
+            let (w, next) = gcra(tat, t0 + i * k, i, Duration::ZERO);
+            assert_eq!(w, Duration::ZERO, "arrival {k}");
+            tat = next;
+        }
+    }
+
+    fn pacer(per_model_answer: f64) -> OverflowPacer {
+        let config = OverflowConfig { per_model_answer, burst_ms: 0, min_rps: 10.0 };
+        OverflowPacer::new(config, &mut Registry::default())
+    }
+
+    fn model_step() -> Step {
+        let mut s = Step::new(TierName::Cpu, crate::decision::Outcome::Accepted, 0);
+        s.risk_score = Some(0.1);
+        s
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overflow_waits_for_its_slot_but_never_past_its_deadline() {
+        let p = pacer(1.5);
+        let deadline = Instant::now() + Duration::from_millis(250);
+        // No model answers yet: the floor, 10/s. Five at once: one conforms, the rest are spaced
+        // 100 ms apart until the deadline (less its margin) caps the wait.
+        let waits = futures_util::future::join_all((0..5).map(|_| p.pace(&[], true, deadline))).await;
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [0, 100, 200, 248, 248]);
+        assert_eq!(p.paced.get(), 4);
+        // Answers the model gave, or rules that answered for another reason, never wait.
+        assert_eq!(p.pace(&[model_step()], false, deadline).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_paced_rate_follows_the_model_and_zero_turns_pacing_off() {
+        let p = pacer(2.0);
+        // 100 model answers over 200 ms: ~500/s, so overflow at 2 x 500 = 1,000/s (1 ms apart).
+        for _ in 0..2 {
+            for _ in 0..50 {
+                p.pace(&[model_step()], false, Instant::now()).await;
+            }
+            tokio::time::advance(RATE_WINDOW).await;
+        }
+        let far = Instant::now() + Duration::from_secs(5);
+        let waits = futures_util::future::join_all((0..3).map(|_| p.pace(&[], true, far))).await;
+        assert_eq!(waits.iter().map(Duration::as_millis).collect::<Vec<_>>(), [0, 1, 2]);
+        let off = pacer(0.0);
+        for _ in 0..20 {
+            assert_eq!(off.pace(&[], true, far).await, Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn the_rate_estimate_follows_the_answers() {
+        let w = Duration::from_millis(100);
+        assert_eq!(ewma_rate(None, 40, w), 400.0);
+        let r = (0..60).fold(Some(400.0), |r, _| Some(ewma_rate(r, 20, w))).unwrap();
+        assert!((r - 200.0).abs() < 1.0, "{r}");
+    }
+}

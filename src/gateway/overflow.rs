@@ -13,9 +13,15 @@
 //! delayed (its answers conform to the GCRA). A paced answer is never refused: it waits for its
 //! slot, but never past its deadline (the rules then answer at once).
 //!
-//! The model's rate is an EWMA (weight [`EWMA_WEIGHT`] per [`RATE_WINDOW`]) of the model steps
-//! the decisions report (a cpu or gpu step with a score, not reused from the verdict cache);
-//! `overflow_min_rps` is the floor while the model has answered little (start, a stalled tier).
+//! The model's rate is its capacity as last seen busy: the peak, decaying with time constant
+//! [`PEAK_DECAY`], of an EWMA (weight [`EWMA_WEIGHT`] per [`RATE_WINDOW`]) of the model steps the
+//! decisions report (a cpu or gpu step with a score, not reused from the verdict cache). A peak,
+//! because routing by load readings sends whole stretches of requests past the cpu tier while
+//! its utilisation reading is high (docs/policies.md `max_utilization`), and the model idles
+//! through the end of such a stretch: its answer rate then is not what it can do. Windows are
+//! closed by the decisions when due; one that spans a quiet spell is dropped (idle time says
+//! nothing of capacity). Until the first window closes nothing is paced; `overflow_min_rps` is
+//! the floor after.
 
 #[cfg(doc)]
 use crate::decision::Decision;
@@ -30,10 +36,14 @@ use tokio::time::Instant;
 
 /// How often the model's answer rate is re-estimated.
 pub const RATE_WINDOW: Duration = Duration::from_millis(100);
-/// The EWMA weight of the newest window's rate (a time constant of ~1 s at 100 ms windows).
-pub const EWMA_WEIGHT: f64 = 0.1;
+/// The EWMA weight of the newest window's rate (a time constant of ~0.3 s at 100 ms windows).
+pub const EWMA_WEIGHT: f64 = 0.3;
+/// The time constant with which the peak rate decays toward the EWMA.
+pub const PEAK_DECAY: Duration = Duration::from_secs(10);
 /// Time left before the deadline that a paced answer keeps for the rules and the response.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
+/// How far past the burst tolerance the GCRA's clock may run ahead of now.
+const MAX_BACKLOG: Duration = Duration::from_secs(1);
 
 /// The `[admission]` keys of overflow pacing.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,18 +65,30 @@ pub fn gcra(tat: Instant, now: Instant, interval: Duration, tolerance: Duration)
     (wait, tat + interval)
 }
 
-/// The model's answer rate after one more window: `count` answers in `elapsed`, folded into the
-/// running `rate` (answers/s; the first window sets it).
-pub fn ewma_rate(rate: Option<f64>, count: u64, elapsed: Duration) -> f64 {
+/// The model's answer rate, answers/s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// EWMA of the windows' rates.
+    pub ewma: f64,
+    /// Its peak, decaying with [`PEAK_DECAY`]: what pacing uses.
+    pub peak: f64,
+}
+
+/// The estimate after one more window of `count` answers in `elapsed` (the first window sets
+/// both).
+pub fn capacity(prev: Option<Capacity>, count: u64, elapsed: Duration) -> Capacity {
     let now = count as f64 / elapsed.as_secs_f64().max(1e-9);
-    rate.map_or(now, |r| r + EWMA_WEIGHT * (now - r))
+    let Some(p) = prev else { return Capacity { ewma: now, peak: now } };
+    let ewma = p.ewma + EWMA_WEIGHT * (now - p.ewma);
+    let decay = (-elapsed.as_secs_f64() / PEAK_DECAY.as_secs_f64()).exp();
+    Capacity { ewma, peak: ewma.max(ewma + (p.peak - ewma) * decay) }
 }
 
 struct State {
     tat: Instant,
     window_start: Instant,
     window_count: u64,
-    rate: Option<f64>,
+    rate: Option<Capacity>,
 }
 
 /// Paces overflow answers (see the module docs); one per gateway.
@@ -113,11 +135,12 @@ impl OverflowPacer {
         if ran > 0 {
             self.model_answers.fetch_add(ran, Ordering::Relaxed);
         }
-        if !overloaded || self.config.per_model_answer <= 0.0 {
+        if self.config.per_model_answer <= 0.0 {
             return Duration::ZERO;
         }
         let now = Instant::now();
-        let wait = self.slot(now).min(deadline.saturating_duration_since(now).saturating_sub(DEADLINE_MARGIN));
+        let wait =
+            self.wait(overloaded, now).min(deadline.saturating_duration_since(now).saturating_sub(DEADLINE_MARGIN));
         if !wait.is_zero() {
             self.paced.inc();
             self.waited.observe(wait.as_secs_f64());
@@ -126,20 +149,44 @@ impl OverflowPacer {
         wait
     }
 
-    /// The wait of an overflow answer arriving at `now`, and the GCRA state advanced past it.
-    fn slot(&self, now: Instant) -> Duration {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let elapsed = now.saturating_duration_since(s.window_start);
-        if elapsed >= RATE_WINDOW {
-            let total = self.model_answers.load(Ordering::Relaxed);
-            s.rate = Some(ewma_rate(s.rate, total - s.window_count, elapsed));
-            (s.window_start, s.window_count) = (now, total);
+    /// Closes the rate window when due; for an overflow answer (`overloaded`), its GCRA wait.
+    fn wait(&self, overloaded: bool, now: Instant) -> Duration {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.measure(&mut state, now);
+        if overloaded {
+            self.slot(&mut state, now)
+        } else {
+            Duration::ZERO
         }
-        let rate = (self.config.per_model_answer * s.rate.unwrap_or(0.0)).max(self.config.min_rps);
+    }
+
+    /// Closes the rate window when it is due. Every decision comes here, so under load a window
+    /// spans ~[`RATE_WINDOW`]; one much longer spans a quiet spell, which says nothing of the
+    /// model's capacity: it restarts the window and keeps the rate.
+    fn measure(&self, s: &mut State, now: Instant) {
+        let elapsed = now.saturating_duration_since(s.window_start);
+        if elapsed < RATE_WINDOW {
+            return;
+        }
+        let total = self.model_answers.load(Ordering::Relaxed);
+        if elapsed <= 2 * RATE_WINDOW {
+            s.rate = Some(capacity(s.rate, total - s.window_count, elapsed));
+        }
+        (s.window_start, s.window_count) = (now, total);
+    }
+
+    /// The wait of an overflow answer arriving at `now`, and the GCRA state advanced past it.
+    fn slot(&self, s: &mut State, now: Instant) -> Duration {
+        // No estimate yet (the first window of load): nothing to pace against. Pacing at the
+        // floor then would push the GCRA's clock seconds ahead before the first estimate lands.
+        let Some(model) = s.rate else { return Duration::ZERO };
+        let rate = (self.config.per_model_answer * model.peak).max(self.config.min_rps);
         let interval = Duration::from_secs_f64(1.0 / rate);
         let tolerance = Duration::from_millis(self.config.burst_ms);
         let (wait, tat) = gcra(s.tat, now, interval, tolerance);
-        s.tat = tat;
+        // The backlog remembered is bounded: answers released at their deadline must not bind
+        // the pacer to a future that a changed model rate no longer justifies.
+        s.tat = tat.min(now + tolerance + MAX_BACKLOG);
         wait
     }
 }
@@ -181,6 +228,14 @@ mod tests {
         OverflowPacer::new(config, &mut Registry::default())
     }
 
+    /// Gives `p` its first rate estimate: `n` model answers in one window.
+    async fn first_window(p: &OverflowPacer, n: usize) {
+        for _ in 0..n {
+            p.pace(&[model_step()], false, Instant::now()).await;
+        }
+        tokio::time::advance(RATE_WINDOW).await;
+    }
+
     fn model_step() -> Step {
         let mut s = Step::new(TierName::Cpu, crate::decision::Outcome::Accepted, 0);
         s.risk_score = Some(0.1);
@@ -189,10 +244,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn overflow_waits_for_its_slot_but_never_past_its_deadline() {
-        let p = pacer(1.5);
+        let p = pacer(0.5);
+        // Before the first estimate, nothing is paced.
+        let soon = Instant::now() + Duration::from_millis(250);
+        let waits = futures_util::future::join_all((0..5).map(|_| p.pace(&[], true, soon))).await;
+        assert!(waits.iter().all(Duration::is_zero), "{waits:?}");
+        // One model answer in the first window: 10/s, paced at max(0.5 x 10, the floor 10/s).
+        first_window(&p, 1).await;
         let deadline = Instant::now() + Duration::from_millis(250);
-        // No model answers yet: the floor, 10/s. Five at once: one conforms, the rest are spaced
-        // 100 ms apart until the deadline (less its margin) caps the wait.
+        // Five at once: one conforms, the rest are spaced 100 ms apart until the deadline (less
+        // its margin) caps the wait.
         let waits = futures_util::future::join_all((0..5).map(|_| p.pace(&[], true, deadline))).await;
         let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
         assert_eq!(ms, [0, 100, 200, 248, 248]);
@@ -204,16 +265,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_paced_rate_follows_the_model_and_zero_turns_pacing_off() {
         let p = pacer(2.0);
-        // 100 model answers over 200 ms: ~500/s, so overflow at 2 x 500 = 1,000/s (1 ms apart).
-        for _ in 0..2 {
+        // 50 model answers per 100 ms window: 500/s, so overflow at 2 x 500 = 1,000/s (1 ms
+        // apart). A quiet second in between changes nothing.
+        for round in 0..3 {
             for _ in 0..50 {
                 p.pace(&[model_step()], false, Instant::now()).await;
             }
-            tokio::time::advance(RATE_WINDOW).await;
+            let gap = if round == 1 { Duration::from_secs(1) } else { RATE_WINDOW };
+            tokio::time::advance(gap).await;
         }
         let far = Instant::now() + Duration::from_secs(5);
         let waits = futures_util::future::join_all((0..3).map(|_| p.pace(&[], true, far))).await;
-        assert_eq!(waits.iter().map(Duration::as_millis).collect::<Vec<_>>(), [0, 1, 2]);
+        let ms: Vec<f64> = waits.iter().map(|w| w.as_secs_f64() * 1e3).collect();
+        assert!(ms[0] == 0.0 && (ms[1] - 1.0).abs() < 0.05 && (ms[2] - 2.0).abs() < 0.1, "{ms:?}");
         let off = pacer(0.0);
         for _ in 0..20 {
             assert_eq!(off.pace(&[], true, far).await, Duration::ZERO);
@@ -221,10 +285,16 @@ mod tests {
     }
 
     #[test]
-    fn the_rate_estimate_follows_the_answers() {
+    fn the_capacity_keeps_its_peak_through_an_idle_stretch_and_follows_a_lasting_change() {
         let w = Duration::from_millis(100);
-        assert_eq!(ewma_rate(None, 40, w), 400.0);
-        let r = (0..60).fold(Some(400.0), |r, _| Some(ewma_rate(r, 20, w))).unwrap();
-        assert!((r - 200.0).abs() < 1.0, "{r}");
+        let busy = capacity(None, 40, w);
+        assert_eq!(busy, Capacity { ewma: 400.0, peak: 400.0 });
+        // A second with the model idle (routing sent the requests past it): the EWMA falls,
+        // the peak stays within ~10 % of what the model did.
+        let idle = (0..10).fold(busy, |c, _| capacity(Some(c), 0, w));
+        assert!(idle.ewma < 20.0 && idle.peak > 355.0, "{idle:?}");
+        // A minute at 200/s: the model is slower now, and the peak says so.
+        let slower = (0..600).fold(idle, |c, _| capacity(Some(c), 20, w));
+        assert!((slower.peak - 200.0).abs() < 1.0, "{slower:?}");
     }
 }

@@ -51,7 +51,7 @@ pub enum DriftCommand {
     /// Make the drift reference: decide every row of a labelled JSONL file (`{"text", ...}`)
     /// with the configured model and policy (no deadline pressure) and keep the signals.
     Reference {
-        /// The validation split, e.g. tests/data/val_sample.jsonl.
+        /// The validation split, e.g. tests/data/val_ml_sample.jsonl.
         #[arg(long)]
         data: PathBuf,
         /// Where to write it, e.g. models/reference.json.

@@ -5,6 +5,9 @@ Usage:
   ml_train.py student DATA_DIR BASE_DIR CKPT_DIR      # -> CKPT_DIR/student_L{n}/model.pt (+ resume.pt every 100 steps)
   ml_train.py kd      DATA_DIR BASE_DIR CKPT_DIR      # more logit distillation of student_L{n} on augmented windows
                                                       # -> CKPT_DIR/student_L{n}_kd/model.pt
+                                                      # TEACHER_ONNX=served.onnx CORRECT=1 INIT=ml_recover.py's student:
+                                                      # a data refresh that distils the served model (corrected by the
+                                                      # labels where it is wrong) into itself, with no teacher run
   ml_train.py eval    DATA_DIR BASE_DIR CKPT_DIR WHAT  # WHAT = teacher | student: per-language validation accuracy of the
                                                       # finished model, or of the latest resume.pt if not finished
 DATA_DIR = ml_prepare.py output (train.jsonl, val.jsonl); BASE_DIR = ml_base.py prune output (pruned encoder + tokenizer).
@@ -254,12 +257,29 @@ elif cmd == "kd":
     for i in range(len(rows)):
         for _ in range(AUG):
             enc.append(augment(i)); labels.append(-100)
+    origin = list(range(len(rows))) + [i for i in range(len(rows)) for _ in range(AUG)]
     cache = os.path.join(ckdir, "teacher_logits.pt")
-    fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc)})
+    TEACHER_ONNX = os.environ.get("TEACHER_ONNX", "")
+    fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc), **({"onnx": TEACHER_ONNX} if TEACHER_ONNX else {})})
     T = load_state(cache) if os.path.exists(cache) else None
     if T is None or T["fp"] != fp:
         T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}
     tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
+    if T["done"] < len(enc) and TEACHER_ONNX:
+        # The served model as the teacher (a data refresh with no teacher run, see ml_recover.py): ONNX Runtime scores
+        # every window; a static QDQ model's scores do not depend on padding or batch-mates.
+        import onnxruntime as ort
+        so = ort.SessionOptions(); so.intra_op_num_threads = int(os.environ.get("THREADS", 2))
+        sess = ort.InferenceSession(TEACHER_ONNX, so, providers=["CPUExecutionProvider"])
+        t0 = time.time(); start = T["done"]
+        for s0 in range(start, len(enc), 512):
+            idx = sorted(range(s0, min(s0 + 512, len(enc))), key=lambda j: len(enc[j]))
+            for b0 in range(0, len(idx), 32):
+                b = idx[b0:b0 + 32]; ids, m = pad_batch([enc[j] for j in b])
+                T["logits"][b] = torch.from_numpy(sess.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": m.numpy()})[0])
+            T["done"] = min(s0 + 512, len(enc)); torch.save(T, cache + ".tmp"); os.replace(cache + ".tmp", cache)
+            el = time.time() - t0
+            print(f"teacher (onnx) logits {T['done']}/{len(enc)} {(T['done'] - start) / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
     if T["done"] < len(enc):
         teacher = MLRiskClassifier(base); teacher.load_state_dict(load_state(tpath)); teacher.eval(); teacher.to(DEV)
         t0 = time.time(); start = T["done"]
@@ -273,6 +293,20 @@ elif cmd == "kd":
                 el = time.time() - t0
                 print(f"teacher logits {T['done']}/{len(enc)} {(T['done'] - start) / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
         del teacher
+    if os.environ.get("CORRECT", "0") == "1":
+        # A teacher that is itself the model being refreshed is wrong exactly where the new rows are meant to teach:
+        # where its label disagrees with the truth, the original's target becomes the label smoothed to 0.95, and that
+        # row's augmented copies (whose targets are the same wrong teacher's) are left out.
+        pred = T["logits"][:len(rows)].argmax(-1); y0 = torch.tensor(labels[:len(rows)])
+        wrong = set(torch.nonzero(pred != y0).flatten().tolist())
+        smooth = torch.log(torch.tensor([[0.95, 0.05], [0.05, 0.95]]))
+        for i in wrong:
+            T["logits"][i] = smooth[labels[i]]
+        keep = [j for j in range(len(enc)) if j < len(rows) or origin[j] not in wrong]
+        print(f"CORRECT: the teacher is wrong on {len(wrong)} of {len(rows)} originals; their targets are the smoothed "
+              f"labels and {len(enc) - len(keep)} augmented copies are left out", flush=True)
+        enc = [enc[j] for j in keep]; labels = [labels[j] for j in keep]
+        T = {**T, "logits": T["logits"][keep]}
     TL = T["logits"].to(DEV)
     from transformers import BertConfig
     cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N_ST
@@ -288,7 +322,8 @@ elif cmd == "kd":
         hard = F.cross_entropy(sl, y, ignore_index=-100) if (y != -100).any() else sl.sum() * 0
         return soft + ALPHA * hard, f"soft {soft.item():.4f} hard {hard.item():.4f}"
     steps = [int(math.ceil(len(enc) / BS) * KD_EPOCHS)]
-    fp2 = fingerprint({"what": "kd-train", "fp": fp, "E": KD_EPOCHS, "LR": KD_LR, "KD_T": KD_T, "ALPHA": ALPHA, "INIT": INIT})
+    fp2 = fingerprint({"what": "kd-train", "fp": fp, "E": KD_EPOCHS, "LR": KD_LR, "KD_T": KD_T, "ALPHA": ALPHA, "INIT": INIT,
+                       "CORRECT": os.environ.get("CORRECT", "0")})
     secs = run_loop(student, steps, enc, labels, ckdir, fp2, loss_fn, [KD_LR], f"kd_L{N_ST}")
     R = evaluate(student, "student_kd", ckdir)
     json.dump({"train_seconds": round(secs, 1), "examples": len(enc), "steps": steps, "init": INIT, **R},

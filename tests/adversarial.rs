@@ -31,9 +31,13 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // parcel scam whose URL outnumbers each Japanese script's letters was read by the English
     // model (risk 0.97, right by luck); it now goes to the rules as a Japanese text (review, the
     // default's label ok), as every text in a language the model was not trained on does.
-    ("tests/data/adversarial_b.jsonl", 3, 3, 0.89),
-    ("tests/data/adversarial_c.jsonl", 0, 1, 0.93),
-    ("tests/data/adversarial_d.jsonl", 2, 1, 0.91),
+    // Round 6 (2026-12-05) blocks one ordinary message fewer here (3 -> 1).
+    ("tests/data/adversarial_b.jsonl", 3, 1, 0.89),
+    ("tests/data/adversarial_c.jsonl", 0, 0, 0.98),
+    // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
+    // the bounds), but two more of its risk messages go to review by the rules' default instead
+    // of a confident model verdict (0.929 -> 0.906; models/MODEL_CARD.md).
+    ("tests/data/adversarial_d.jsonl", 0, 0, 0.90),
 ];
 
 #[tokio::test]

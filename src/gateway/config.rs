@@ -74,7 +74,7 @@ pub struct AdmissionConfig {
     /// Overflow pacing (`super::overflow`): the rules' answers for requests the saturated model
     /// tiers had no room for are released at most this many per model answer (GCRA); 0: off.
     pub overflow_per_model_answer: f64,
-    /// The pacing's burst tolerance, ms.
+    /// The pacing's burst tolerance, ms (0: none; at most a day, as every `_ms` key).
     pub overflow_burst_ms: u64,
     /// The paced rate's floor, answers/s (while the model has answered little).
     pub overflow_min_rps: f64,
@@ -107,9 +107,6 @@ impl AdmissionConfig {
                 "[admission] overflow_per_model_answer must be within 0 (off) ..= 1000, got {}",
                 self.overflow_per_model_answer
             ));
-        }
-        if self.overflow_burst_ms > 10_000 {
-            return Err(format!("[admission] overflow_burst_ms must be at most 10000, got {}", self.overflow_burst_ms));
         }
         if !(1.0..=1e6).contains(&self.overflow_min_rps) {
             return Err(format!(

@@ -11,7 +11,8 @@
 //! overflow to a multiple of what the model answers holds such clients to that multiple, so the
 //! model keeps its share; an open-loop overload whose excess stays under the multiple is never
 //! delayed (its answers conform to the GCRA). A paced answer is never refused: it waits for its
-//! slot, but never past its deadline (the rules then answer at once).
+//! slot, but at most half the time left to its deadline (a saturated runtime wakes a sleeper
+//! late; the other half absorbs it), and a request with under [`MIN_REMAINING`] left not at all.
 //!
 //! The model's rate is its capacity as last seen busy: the peak, decaying with time constant
 //! [`PEAK_DECAY`], of an EWMA (weight [`EWMA_WEIGHT`] per [`RATE_WINDOW`]) of the model steps the
@@ -42,6 +43,9 @@ pub const EWMA_WEIGHT: f64 = 0.3;
 pub const PEAK_DECAY: Duration = Duration::from_secs(10);
 /// Time left before the deadline that a paced answer keeps for the rules and the response.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
+/// A request with less time left than this is not paced: a saturated runtime wakes a sleeping
+/// task several ms late, so a short wait would make the answer late rather than paced.
+const MIN_REMAINING: Duration = Duration::from_millis(20);
 /// How far past the burst tolerance the GCRA's clock may run ahead of now.
 const MAX_BACKLOG: Duration = Duration::from_secs(1);
 
@@ -111,7 +115,7 @@ impl OverflowPacer {
         );
         registry.register(
             "overflow_wait_seconds",
-            "How long each paced overflow answer waited (deadline-bounded)",
+            "How long each paced overflow answer waited, measured (planned: at most half the time left to its deadline)",
             waited.clone(),
         );
         let now = Instant::now();
@@ -125,8 +129,9 @@ impl OverflowPacer {
     }
 
     /// Counts a decision's model steps (its `path`) and, when the rules answered for want of
-    /// model capacity (`overloaded`, [`Decision::overloaded`]), waits for its slot (never past
-    /// `deadline`). Returns the wait.
+    /// model capacity (`overloaded`, [`Decision::overloaded`]), waits for its slot: at most half
+    /// the time left to `deadline`, and not at all with less than [`MIN_REMAINING`] left. Returns
+    /// the time actually waited (what `tiergate_overflow_wait_seconds` records).
     pub async fn pace(&self, path: &[Step], overloaded: bool, deadline: Instant) -> Duration {
         let ran = path
             .iter()
@@ -139,14 +144,20 @@ impl OverflowPacer {
             return Duration::ZERO;
         }
         let now = Instant::now();
-        let wait =
-            self.wait(overloaded, now).min(deadline.saturating_duration_since(now).saturating_sub(DEADLINE_MARGIN));
-        if !wait.is_zero() {
-            self.paced.inc();
-            self.waited.observe(wait.as_secs_f64());
-            tokio::time::sleep(wait).await;
+        let remaining = deadline.saturating_duration_since(now);
+        // At most half the time left (less the margin): the other half absorbs the late wake-up
+        // of a busy runtime, so a paced answer is not a late one.
+        let cap =
+            if remaining < MIN_REMAINING { Duration::ZERO } else { (remaining / 2).saturating_sub(DEADLINE_MARGIN) };
+        let planned = self.wait(overloaded, now).min(cap);
+        if planned.is_zero() {
+            return Duration::ZERO;
         }
-        wait
+        tokio::time::sleep(planned).await;
+        let waited = now.elapsed();
+        self.paced.inc();
+        self.waited.observe(waited.as_secs_f64());
+        waited
     }
 
     /// Closes the rate window when due; for an overflow answer (`overloaded`), its GCRA wait.
@@ -251,13 +262,16 @@ mod tests {
         assert!(waits.iter().all(Duration::is_zero), "{waits:?}");
         // One model answer in the first window: 10/s, paced at max(0.5 x 10, the floor 10/s).
         first_window(&p, 1).await;
-        let deadline = Instant::now() + Duration::from_millis(250);
-        // Five at once: one conforms, the rest are spaced 100 ms apart until the deadline (less
-        // its margin) caps the wait.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        // Five at once: one conforms, the rest are spaced 100 ms apart until half the time left
+        // (less the margin: 248 ms) caps the wait.
         let waits = futures_util::future::join_all((0..5).map(|_| p.pace(&[], true, deadline))).await;
         let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
         assert_eq!(ms, [0, 100, 200, 248, 248]);
         assert_eq!(p.paced.get(), 4);
+        // With under MIN_REMAINING left, no wait at all.
+        let close = Instant::now() + Duration::from_millis(15);
+        assert_eq!(p.pace(&[], true, close).await, Duration::ZERO);
         // Answers the model gave, or rules that answered for another reason, never wait.
         assert_eq!(p.pace(&[model_step()], false, deadline).await, Duration::ZERO);
     }

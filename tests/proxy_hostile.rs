@@ -420,7 +420,13 @@ async fn a_route_says_what_happens_to_a_decision_made_under_overload() {
     let config = common::config_with_routes(&common::repo().join("policies"), &routes);
     let busy_cpu = common::FakeCpu(std::sync::Mutex::new(0.95));
     let sources = tiergate::gateway::Sources { cpu: std::sync::Arc::new(busy_cpu) as _, ..Default::default() };
-    let (proxy, _) = common::start_with(config, sources);
+    let (proxy, gateway) = common::start_with(config, sources);
+    // The sampler's first reading can come after the first request on a loaded machine, and an
+    // unknown reading leaves the cpu tier eligible: wait for it.
+    common::eventually("the busy cpu reading", || {
+        gateway.readings.at(tokio::time::Instant::now()).cpu_utilization.is_some_and(|u| u > 0.9)
+    })
+    .await;
     let body = json!({"text": "see you at the station at noon"}).to_string();
 
     let reply = post_json(proxy, "/echo/forward", body.clone(), &[]).await;

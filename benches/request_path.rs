@@ -55,6 +55,7 @@ fn bench(c: &mut Criterion) {
 
     bench_extract(c, &incoming);
     bench_rules(c, &policy, &long);
+    bench_guards(c, &policy);
     bench_text(c, &policy, &long);
     let assets =
         tiergate::tier::model::ModelAssets::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models")).unwrap();
@@ -62,6 +63,7 @@ fn bench(c: &mut Criterion) {
     // 60 words, under tokens_full: the worst case, where the whole text is tokenised.
     let worst = "please confirm the delivery address for order 4471 and the time slot ".repeat(5);
     bench_complexity(c, &policy, &counter, &worst, &long);
+    bench_ood(c);
     let routing = Routing { snapshot: snapshot(), verdict: verdict(), english: english() };
     bench_route(c, &policy, &routing);
     bench_request_path(c, &policy, &counter, &routing, &incoming, &worst);
@@ -95,6 +97,41 @@ fn bench_rules(c: &mut Criterion, policy: &Policy, long: &str) {
             })
         });
     }
+}
+
+/// The guard stage of every request: guards, then the allow-list, over one short text's variables.
+fn bench_guards(c: &mut Criterion, policy: &Policy) {
+    let features = serde_json::json!({"amount": 120, "country": "DE"}).as_object().cloned().unwrap();
+    let signals = policy.rules.count_signals(SHORT);
+    let model = Some(ModelView { risk_score: 0.02, confidence: 0.98, ood_score: Some(0.4) });
+    c.bench_function("rules/guards_and_allowlist_short", |b| {
+        b.iter(|| {
+            let input = RulesInput {
+                text: SHORT,
+                lang: "eng",
+                obfuscation: &Default::default(),
+                signals: black_box(&signals),
+                features: &features,
+                tenant: Some("acme"),
+                model,
+                features_model: None,
+                campaign: None,
+            };
+            policy.rules.guard_stage(&input)
+        })
+    });
+}
+
+/// The OOD score of one window's embedding against the bundled model's centroids.
+fn bench_ood(c: &mut Criterion) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/ood.json");
+    let file: tiergate::tier::ood::OodFile = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let dim = file.centroids[0].len();
+    let scorer = tiergate::tier::ood::OodScorer::new(file, Some(dim)).unwrap();
+    let raw: Vec<f32> = (0..dim).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+    let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let embedding: Vec<f32> = raw.iter().map(|x| x / norm).collect();
+    c.bench_function("ood/score", |b| b.iter(|| scorer.score(black_box(&embedding))));
 }
 
 fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {

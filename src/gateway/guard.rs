@@ -13,7 +13,7 @@ use crate::rules::{ClassVerdict, RulesInput};
 /// Applies guards, the allow-list and `on_rule_error` to a decision the cascade made.
 /// `input` is what the rules see, with the model view of the verdict that stood (if any).
 pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, metrics: Option<&Metrics>) {
-    let guard = policy.rules.guard(input);
+    let (guard, allow) = policy.rules.guard_stage(input);
     count_errors(&guard, metrics);
     // The lowest action the allow-list may leave (unless `allowlist_overrides_guards`): a matching
     // guard's own action even when it raised nothing because the action already stood there (a
@@ -38,7 +38,6 @@ pub(super) fn apply(d: &mut Decision, policy: &Policy, input: &RulesInput<'_>, m
         at_least(d, policy.safety.on_rule_error, name, &format!("guard failed to evaluate: {error}"));
         floor = floor.max(Some(policy.safety.on_rule_error));
     }
-    let allow = policy.rules.allowlisted(input);
     count_errors(&allow, metrics);
     if let Some((name, action, _)) = allow.matched {
         let to =

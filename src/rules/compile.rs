@@ -3,7 +3,7 @@
 //! problem is reported at once, located by the spec it came from.
 
 use super::spec::{DefaultVerdict, RuleSpec, SignalSpec};
-use super::{context, Rule, RuleSet, RulesInput, Signal};
+use super::{context, Rule, RuleSet, RulesInput, Signal, Vars, VARIABLES};
 use crate::text::Obfuscation;
 use cel::{Env, Program, Value};
 use regex::{Regex, RegexSetBuilder};
@@ -66,7 +66,10 @@ pub fn compile(
             .dfa_size_limit(PREFILTER_DFA_BYTES)
             .build()
             .ok();
-            (Some(RuleSet { env, signals, prefilter, rules, guards, allowlist, default }), problems)
+            let rule_vars = Vars::of_rules(&rules);
+            let guard_vars = Vars::of_rules(&guards).union(Vars::of_rules(&allowlist));
+            let set = RuleSet { env, signals, prefilter, rules, guards, allowlist, rule_vars, guard_vars, default };
+            (Some(set), problems)
         }
         _ => (None, problems),
     }
@@ -138,8 +141,8 @@ fn compile_class(
         if compiled.iter().any(|r| r.name == spec.name) {
             report(format!("duplicate {what} name"));
         }
-        if let Some(program) = compile_rule(env, &spec, signals, &mut report) {
-            compiled.push(Rule { name: spec.name, program, action: spec.action, score: spec.score });
+        if let Some((program, vars)) = compile_rule(env, &spec, signals, &mut report) {
+            compiled.push(Rule { name: spec.name, program, vars, action: spec.action, score: spec.score });
         }
     }
     compiled
@@ -169,7 +172,7 @@ fn compile_rule(
     spec: &RuleSpec,
     signals: &[String],
     report: &mut impl FnMut(String),
-) -> Option<Program> {
+) -> Option<(Program, Vars)> {
     if !(0.0..=1.0).contains(&spec.score) {
         report(format!("score must be in [0, 1], got {}", spec.score));
     }
@@ -185,12 +188,11 @@ fn compile_rule(
         found = true;
         report(message)
     };
+    let mut vars = Vars::default();
     for var in program.references().variables() {
-        if !matches!(
-            var,
-            "signals" | "features" | "tenant" | "text_len" | "lang" | "obfuscation" | "model" | "campaign" | "entity"
-        ) {
-            problem(format!("unknown variable `{var}`"));
+        match Vars::of(var) {
+            Some(v) => vars = vars.union(v),
+            None => problem(format!("unknown variable `{var}`; defined: {}", VARIABLES.join(", "))),
         }
     }
     // A misspelt signal would read as a missing key at run time and never match.
@@ -204,7 +206,7 @@ fn compile_rule(
             report(message);
         }
     }
-    Some(program)
+    Some((program, vars))
 }
 
 /// Runs a rule on an empty request (every signal 0, no features, no model): a type error shows
@@ -224,7 +226,9 @@ fn dry_run(env: &Arc<Env>, program: &Program, signals: &[String]) -> Option<Stri
         features_model: None,
         campaign: None,
     };
-    match program.execute(&context(env, &input)) {
+    let ctx = context(env, &input, Vars::ALL);
+    let result = program.execute(&ctx);
+    match result {
         Ok(Value::Bool(_)) | Err(cel::ExecutionError::NoSuchKey(_)) => None,
         Ok(other) => Some(format!("`when` must evaluate to a bool, got {other:?}")),
         Err(e) => Some(format!("`when` fails on an empty request: {e}")),

@@ -34,6 +34,8 @@ pub use spec::{DefaultVerdict, RuleSpec, SignalSpec};
 
 use crate::action::Action;
 use crate::text::Obfuscation;
+use cel::common::types::{CelInt, CelMap, CelMapKey};
+use cel::common::value::Val;
 use cel::objects::{Key, Map};
 use cel::{Context, Env, Program, Value};
 pub use read::TextFacts;
@@ -49,8 +51,52 @@ struct Signal {
 struct Rule {
     name: String,
     program: Program,
+    /// The variables its `when` reads.
+    vars: Vars,
     action: Action,
     score: f64,
+}
+
+/// The variables a rule may read (the module doc), in one place: compiling checks a rule's
+/// references against it, and a request's context binds only those its class reads.
+const VARIABLES: [&str; 10] = [
+    "signals",
+    "features",
+    "tenant",
+    "text_len",
+    "lang",
+    "obfuscation",
+    "model",
+    "features_model",
+    "campaign",
+    "entity",
+];
+
+/// A set of [`VARIABLES`], one bit each in their order. Binding only what a class reads saves
+/// converting the others into CEL values on every request (the unread campaign and entity maps
+/// alone are ~60 values): `cargo bench --bench request_path -- rules/guards` (docs/BENCHMARKS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Vars(u16);
+
+impl Vars {
+    const ALL: Vars = Vars((1 << VARIABLES.len()) - 1);
+
+    /// The set of the one variable `name`; `None` for a name that is not a variable.
+    fn of(name: &str) -> Option<Vars> {
+        VARIABLES.iter().position(|v| *v == name).map(|i| Vars(1 << i))
+    }
+
+    fn of_rules(rules: &[Rule]) -> Vars {
+        rules.iter().fold(Vars::default(), |all, r| all.union(r.vars))
+    }
+
+    fn union(self, other: Vars) -> Vars {
+        Vars(self.0 | other.0)
+    }
+
+    fn has(self, name: &str) -> bool {
+        Vars::of(name).is_some_and(|v| self.0 & v.0 != 0)
+    }
 }
 
 /// A compiled rule set. Building the CEL `Env` once and sharing it keeps an evaluation near
@@ -66,6 +112,9 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     guards: Vec<Rule>,
     allowlist: Vec<Rule>,
+    /// What `rules` read; what guards and the allow-list read (one context serves both).
+    rule_vars: Vars,
+    guard_vars: Vars,
     default: DefaultVerdict,
 }
 
@@ -153,7 +202,7 @@ impl RuleSet {
     /// [`RuleSet::evaluate`] over the rules `only` allows (one flag per rule, in order, as a
     /// scenario's `rules` resolve; `None`: every rule).
     pub fn evaluate_subset(&self, input: &RulesInput<'_>, only: Option<&[bool]>) -> RuleVerdict {
-        let ctx = context(&self.env, input);
+        let ctx = context(&self.env, input, self.rule_vars);
         let mut errors = Vec::new();
         let mut decided = None;
         let allowed = |i: &usize| only.is_none_or(|mask| mask.get(*i).copied().unwrap_or(false));
@@ -185,39 +234,29 @@ impl RuleSet {
 
     /// Every guard, on every request: the most severe match, which can only raise an action.
     pub fn guard(&self, input: &RulesInput<'_>) -> ClassVerdict {
-        let ctx = context(&self.env, input);
-        let mut verdict = ClassVerdict::default();
-        for guard in &self.guards {
-            match guard.program.execute(&ctx) {
-                Ok(Value::Bool(true)) => {
-                    if verdict.matched.as_ref().is_none_or(|(_, action, _)| guard.action > *action) {
-                        verdict.matched = Some((guard.name.clone(), guard.action, guard.score));
-                    }
-                }
-                Ok(Value::Bool(false)) => {}
-                Ok(other) => verdict.errors.push((guard.name.clone(), format!("evaluated to {other:?}, not a bool"))),
-                Err(e) => verdict.errors.push((guard.name.clone(), e.to_string())),
-            }
-        }
-        verdict
+        self.guard_stage(input).0
     }
 
-    /// The first allow-list entry that matches, if any.
-    pub fn allowlisted(&self, input: &RulesInput<'_>) -> ClassVerdict {
-        let ctx = context(&self.env, input);
-        let mut verdict = ClassVerdict::default();
-        for entry in &self.allowlist {
-            match entry.program.execute(&ctx) {
-                Ok(Value::Bool(true)) => {
-                    verdict.matched = Some((entry.name.clone(), entry.action, entry.score));
-                    break;
-                }
-                Ok(Value::Bool(false)) => {}
-                Ok(other) => verdict.errors.push((entry.name.clone(), format!("evaluated to {other:?}, not a bool"))),
-                Err(e) => verdict.errors.push((entry.name.clone(), e.to_string())),
+    /// The guards' verdict and the allow-list's (its first match, which may lower an action),
+    /// over one context: the stage that runs after the cascade on every request.
+    pub fn guard_stage(&self, input: &RulesInput<'_>) -> (ClassVerdict, ClassVerdict) {
+        let ctx = context(&self.env, input, self.guard_vars);
+        let mut guard = ClassVerdict::default();
+        for entry in &self.guards {
+            if evaluate_entry(entry, &ctx, &mut guard.errors)
+                && guard.matched.as_ref().is_none_or(|(_, action, _)| entry.action > *action)
+            {
+                guard.matched = Some((entry.name.clone(), entry.action, entry.score));
             }
         }
-        verdict
+        let mut allow = ClassVerdict::default();
+        for entry in &self.allowlist {
+            if evaluate_entry(entry, &ctx, &mut allow.errors) {
+                allow.matched = Some((entry.name.clone(), entry.action, entry.score));
+                break;
+            }
+        }
+        (guard, allow)
     }
 
     pub fn rule_count(&self) -> usize {
@@ -239,46 +278,79 @@ impl RuleSet {
     }
 }
 
-/// The CEL variables of one request (see the module doc).
-fn context<'a>(env: &Arc<Env>, input: &RulesInput<'_>) -> Context<'a, 'a> {
-    let mut ctx = Context::with_env(Arc::clone(env));
-    let signal_map: HashMap<Key, Value> =
-        input.signals.iter().map(|(k, v)| (Key::from(k.as_str()), Value::Int(*v))).collect();
-    ctx.add_variable_from_value("signals", Value::Map(Map { map: Arc::new(signal_map) }));
-    ctx.add_variable_from_value("features", json_object_to_cel(input.features));
-    ctx.add_variable_from_value("tenant", Value::from(input.tenant.unwrap_or("")));
-    ctx.add_variable_from_value("text_len", Value::Int(input.text.len() as i64));
-    ctx.add_variable_from_value("lang", Value::from(input.lang));
-    let o = input.obfuscation;
-    let counts = [
-        ("invisible_chars", o.invisible_chars),
-        ("smuggled_chars", o.smuggled_chars),
-        ("mixed_script_words", o.mixed_script_words),
-        ("confusable_chars", o.confusable_chars),
-        ("defanged_links", o.defanged_links),
-        ("html_entities", o.html_entities),
-        ("padded_han_chars", o.padded_han_chars),
-    ];
-    let counts: HashMap<Key, Value> = counts.iter().map(|(k, v)| (Key::from(*k), Value::Int(*v as i64))).collect();
-    ctx.add_variable_from_value("obfuscation", Value::Map(Map { map: Arc::new(counts) }));
-    let mut model: HashMap<Key, Value> = HashMap::new();
-    model.insert(Key::from("available"), Value::Bool(input.model.is_some()));
-    if let Some(m) = input.model {
-        model.insert(Key::from("risk_score"), Value::Float(m.risk_score));
-        model.insert(Key::from("confidence"), Value::Float(m.confidence));
-        if let Some(ood) = m.ood_score {
-            model.insert(Key::from("ood_score"), Value::Float(ood));
+/// Whether `entry` matches in `ctx`; an evaluation error, or a value that is not a bool, is
+/// pushed to `errors` and counts as no match.
+fn evaluate_entry(entry: &Rule, ctx: &Context<'_, '_>, errors: &mut Vec<(String, String)>) -> bool {
+    match entry.program.execute(ctx) {
+        Ok(Value::Bool(matched)) => matched,
+        Ok(other) => {
+            errors.push((entry.name.clone(), format!("evaluated to {other:?}, not a bool")));
+            false
+        }
+        Err(e) => {
+            errors.push((entry.name.clone(), e.to_string()));
+            false
         }
     }
-    ctx.add_variable_from_value("model", Value::Map(Map { map: Arc::new(model) }));
-    let features_model = std::iter::once(("available", Value::Bool(input.features_model.is_some())))
-        .chain(input.features_model.map(|risk| ("risk", Value::Float(risk))));
-    let features_model = features_model.map(|(k, v)| (Key::from(k), v)).collect::<HashMap<_, _>>();
-    ctx.add_variable_from_value("features_model", Value::Map(Map { map: Arc::new(features_model) }));
-    let (campaign, entity) = crate::campaign::cel::variables(input.campaign);
-    ctx.add_variable_from_value("campaign", campaign);
-    ctx.add_variable_from_value("entity", entity);
+}
+
+/// The CEL variables of one request (see the module doc), those in `vars` only. `signals` is
+/// built as CEL's own map over the request's names, borrowed, not copied: it has an entry per
+/// signal and is read by most guards.
+fn context<'a>(env: &Arc<Env>, input: &RulesInput<'a>, vars: Vars) -> Context<'a, 'a> {
+    let mut ctx = Context::with_env(Arc::clone(env));
+    let mut bind = |name: &'static str, value: &dyn Fn() -> Value| {
+        if vars.has(name) {
+            ctx.add_variable_from_value(name, value());
+        }
+    };
+    bind("features", &|| json_object_to_cel(input.features));
+    bind("tenant", &|| Value::from(input.tenant.unwrap_or("")));
+    bind("text_len", &|| Value::Int(input.text.len() as i64));
+    bind("lang", &|| Value::from(input.lang));
+    bind("obfuscation", &|| {
+        let o = input.obfuscation;
+        cel_map([
+            ("invisible_chars", Value::Int(o.invisible_chars as i64)),
+            ("smuggled_chars", Value::Int(o.smuggled_chars as i64)),
+            ("mixed_script_words", Value::Int(o.mixed_script_words as i64)),
+            ("confusable_chars", Value::Int(o.confusable_chars as i64)),
+            ("defanged_links", Value::Int(o.defanged_links as i64)),
+            ("html_entities", Value::Int(o.html_entities as i64)),
+            ("padded_han_chars", Value::Int(o.padded_han_chars as i64)),
+        ])
+    });
+    bind("model", &|| {
+        let available = std::iter::once(("available", Value::Bool(input.model.is_some())));
+        let m = input.model.into_iter().flat_map(|m| {
+            let ood = m.ood_score.map(|ood| ("ood_score", Value::Float(ood)));
+            [("risk_score", Value::Float(m.risk_score)), ("confidence", Value::Float(m.confidence))]
+                .into_iter()
+                .chain(ood)
+        });
+        cel_map(available.chain(m))
+    });
+    bind("features_model", &|| {
+        let available = std::iter::once(("available", Value::Bool(input.features_model.is_some())));
+        cel_map(available.chain(input.features_model.map(|risk| ("risk", Value::Float(risk)))))
+    });
+    if vars.has("campaign") || vars.has("entity") {
+        let (campaign, entity) = crate::campaign::cel::variables(input.campaign);
+        bind("campaign", &|| campaign.clone());
+        bind("entity", &|| entity.clone());
+    }
+    if vars.has("signals") {
+        let signals = input
+            .signals
+            .iter()
+            .map(|(name, count)| (CelMapKey::from(name.as_str()), Box::new(CelInt::from(*count)) as Box<dyn Val + 'a>));
+        ctx.add_variable_as_val("signals", Box::new(CelMap::from(signals.collect::<HashMap<_, _>>())));
+    }
     ctx
+}
+
+fn cel_map(entries: impl IntoIterator<Item = (&'static str, Value)>) -> Value {
+    Value::Map(Map { map: Arc::new(entries.into_iter().map(|(k, v)| (Key::from(k), v)).collect()) })
 }
 
 /// JSON -> CEL with integers as `int` (CEL integer literals are `int`, so `features.amount > 10000`

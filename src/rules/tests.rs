@@ -291,3 +291,48 @@ fn version_is_a_content_hash() {
     assert_ne!(a.version, c.version);
     assert_eq!(a.version.len(), 12);
 }
+
+#[test]
+fn a_context_binds_what_its_class_reads_and_every_variable_can_be_read() {
+    // One guard per variable, alone in its policy: the context binds only that variable, and the
+    // guard must see it (an unbound variable would be an evaluation error, not a match).
+    let reads = [
+        ("signals", "signals.link > 0"),
+        ("features", "features.amount > 100"),
+        ("tenant", r#"tenant == "acme""#),
+        ("text_len", "text_len > 10"),
+        ("lang", r#"lang == "eng""#),
+        ("obfuscation", "obfuscation.invisible_chars == 0"),
+        ("model", "model.available && model.risk_score > 0.5"),
+        ("features_model", "features_model.available && features_model.risk > 0.8"),
+        ("campaign", "!campaign.available && campaign.count_1h == 0"),
+        ("entity", "entity.found == 0"),
+    ];
+    assert_eq!(reads.map(|(v, _)| v), VARIABLES, "one case per variable, in order");
+    let text = "pay at https://pay.example now";
+    let (features, obfuscation) =
+        (serde_json::json!({"amount": 250}).as_object().cloned().unwrap(), Default::default());
+    for (var, when) in reads {
+        let p = policy(&format!(
+            "[signals.link]\npatterns = ['https?://\\S+']\n[[guards]]\nname = \"g\"\nwhen = '{when}'\naction = \"review\"\nscore = 0.5\n"
+        ))
+        .unwrap_or_else(|e| panic!("{var}: {e}"));
+        assert_eq!(p.rules.guard_vars, Vars::of(var).unwrap(), "{var}: only what the guard reads is bound");
+        let signals = p.rules.count_signals(text);
+        let input = RulesInput {
+            text,
+            lang: "eng",
+            obfuscation: &obfuscation,
+            signals: &signals,
+            features: &features,
+            tenant: Some("acme"),
+            model: Some(ModelView { risk_score: 0.7, confidence: 0.7, ood_score: None }),
+            features_model: Some(0.9),
+            campaign: None,
+        };
+        let (guard, allow) = p.rules.guard_stage(&input);
+        assert_eq!(guard.errors, vec![], "{var}");
+        assert_eq!(guard.matched.map(|(name, _, _)| name).as_deref(), Some("g"), "{var}");
+        assert_eq!(allow, ClassVerdict::default());
+    }
+}

@@ -26,18 +26,24 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // (models/MODEL_CARD.md, "The earlier check sets") sends 11 of its ordinary long mails,
     // newsletters and security reports to review (labelled risk) rather than allowing them, and
     // still allows no scam and blocks nothing ordinary here. Its b, c and d figures are better.
-    ("tests/data/adversarial.jsonl", 0, 0, 0.95),
+    // Round 7 (2026-12-05): 0.977.
+    ("tests/data/adversarial.jsonl", 0, 0, 0.97),
     // 0.90 until the language gate read past the first window (issue 25, item 3): a Japanese
     // parcel scam whose URL outnumbers each Japanese script's letters was read by the English
     // model (risk 0.97, right by luck); it now goes to the rules as a Japanese text (review, the
     // default's label ok), as every text in a language the model was not trained on does.
-    // Round 6 (2026-12-05) blocks one ordinary message fewer here (3 -> 1).
-    ("tests/data/adversarial_b.jsonl", 3, 1, 0.89),
-    ("tests/data/adversarial_c.jsonl", 0, 0, 0.98),
+    // Round 6 (2026-12-05) blocks one ordinary message fewer here (3 -> 1); round 7: 0.912.
+    ("tests/data/adversarial_b.jsonl", 3, 1, 0.91),
+    // 0 allowed and 0.98 until round 7 (2026-12-05), which allows one gift-card demand ("send me
+    // 150 in Amazon vouchers and I'll forward your tickets", p(risk) 0.034; 0.978 here). Round 7
+    // was served for blind set ml8 (scams allowed 13 -> 8 of 420, accuracy 0.904 -> 0.917) and
+    // the other sets (models/MODEL_CARD.md, "Round 7"); this one is its regression.
+    ("tests/data/adversarial_c.jsonl", 1, 0, 0.97),
     // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
     // the bounds), but two more of its risk messages go to review by the rules' default instead
     // of a confident model verdict (0.929 -> 0.906; models/MODEL_CARD.md).
-    ("tests/data/adversarial_d.jsonl", 0, 0, 0.90),
+    // Round 7 (2026-12-05): 0.965.
+    ("tests/data/adversarial_d.jsonl", 0, 0, 0.96),
 ];
 
 #[tokio::test]

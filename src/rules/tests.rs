@@ -20,22 +20,32 @@ pub(super) fn policy(text: &str) -> Result<Policy, crate::policy::PolicyError> {
     )
 }
 
-fn eval(p: &Policy, text: &str, features: serde_json::Value, model: Option<ModelView>) -> RuleVerdict {
-    let features = features.as_object().cloned().unwrap_or_default();
-    let signals = p.rules.count_signals(text);
-    let obfuscation = Default::default();
-    let input = RulesInput {
+/// An English request of tenant `acme`, no features model, no campaign.
+fn input<'a>(
+    text: &'a str,
+    signals: &'a BTreeMap<String, i64>,
+    features: &'a serde_json::Map<String, serde_json::Value>,
+    obfuscation: &'a Obfuscation,
+    model: Option<ModelView>,
+) -> RulesInput<'a> {
+    RulesInput {
         text,
         lang: "eng",
-        obfuscation: &obfuscation,
-        signals: &signals,
-        features: &features,
+        obfuscation,
+        signals,
+        features,
         tenant: Some("acme"),
         model,
         features_model: None,
         campaign: None,
-    };
-    p.rules.evaluate(&input)
+    }
+}
+
+fn eval(p: &Policy, text: &str, features: serde_json::Value, model: Option<ModelView>) -> RuleVerdict {
+    let features = features.as_object().cloned().unwrap_or_default();
+    let signals = p.rules.count_signals(text);
+    let obfuscation = Default::default();
+    p.rules.evaluate(&input(text, &signals, &features, &obfuscation, model))
 }
 
 pub(super) const RULES: &str = r#"
@@ -230,17 +240,7 @@ fn bundled_policy_is_valid_and_its_rules_fire() {
         serde_json::json!({"amount": 25000, "country": "NG", "home_country": "DE"}).as_object().cloned().unwrap();
     let signals = p.rules.count_signals("invoice 4471");
     let none_undone = Obfuscation::default();
-    let input = RulesInput {
-        text: "invoice 4471",
-        lang: "eng",
-        obfuscation: &none_undone,
-        signals: &signals,
-        features: &features,
-        tenant: None,
-        model: None,
-        features_model: None,
-        campaign: None,
-    };
+    let input = RulesInput { tenant: None, ..input("invoice 4471", &signals, &features, &none_undone, None) };
     let guard = p.rules.guard(&input).matched.map(|(name, _, _)| name);
     assert_eq!(
         guard.as_deref(),
@@ -319,17 +319,8 @@ fn a_context_binds_what_its_class_reads_and_every_variable_can_be_read() {
         .unwrap_or_else(|e| panic!("{var}: {e}"));
         assert_eq!(p.rules.guard_vars, Vars::of(var).unwrap(), "{var}: only what the guard reads is bound");
         let signals = p.rules.count_signals(text);
-        let input = RulesInput {
-            text,
-            lang: "eng",
-            obfuscation: &obfuscation,
-            signals: &signals,
-            features: &features,
-            tenant: Some("acme"),
-            model: Some(ModelView { risk_score: 0.7, confidence: 0.7, ood_score: None }),
-            features_model: Some(0.9),
-            campaign: None,
-        };
+        let model = Some(ModelView { risk_score: 0.7, confidence: 0.7, ood_score: None });
+        let input = RulesInput { features_model: Some(0.9), ..input(text, &signals, &features, &obfuscation, model) };
         let (guard, allow) = p.rules.guard_stage(&input);
         assert_eq!(guard.errors, vec![], "{var}");
         assert_eq!(guard.matched.map(|(name, _, _)| name).as_deref(), Some("g"), "{var}");

@@ -11,7 +11,8 @@ seeded training windows fed one at a time, unpadded; candidates activations QUIn
 with CANDIDATES=all); always kept in float: the attention-mask path (everything from the attention_mask input up to the
 Adds that put the mask on the scores), the Softmaxes and the mask-weighted pooling (ml_common.mask_path_nodes). The
 winner is the most accurate within 0.5 % of FP32 validation accuracy (within 0.2 % of it counts as a tie -> the fastest, 1 thread); otherwise LayerNorms are kept in
-float too; dynamic INT8 only as a last resort (reported). The word-embedding Gather is quantised (INT8 table).
+float too; dynamic INT8 only as a last resort (reported), or never with STATIC_ONLY=1 (the most accurate static candidate
+then, its drop reported: the server batches only a batch-invariant model). The word-embedding Gather is quantised.
 """
 import hashlib, json, os, random, shutil, sys, time
 import numpy as np, torch
@@ -171,6 +172,10 @@ if not ok_c():
     best0 = max((c for c in cands if "val" in c), key=lambda c: (c["val"]["accuracy"], -c["val"]["ece_15"]))
     try_cand(QuantType[best0["activation"]], CalibrationMethod[best0["calibration"]], ("attention_mask_softmax", "layernorm"))
 valid = ok_c()
+if not valid and os.environ.get("STATIC_ONLY") == "1":
+    # The server batches (max_batch = 4) because a static model's scores do not move with batch-mates; dynamic INT8's
+    # do (0.02-0.04 here). STATIC_ONLY=1 keeps the best static candidate past TOL, and the card reports the drop.
+    valid = [max((c for c in cands if "val" in c), key=lambda c: (c["val"]["accuracy"], -c["val"]["ece_15"]))]
 if valid:
     # Accuracy within TIE of the best counts as a tie, and the tie goes to the fastest (1 thread, one 128-token window):
     # on x86 without VNNI, ONNX Runtime runs S8S8 (QInt8 activation) MatMuls as float MatMuls with a per-call weight

@@ -7,7 +7,9 @@ Usage:
                                                       # -> CKPT_DIR/student_L{n}_kd/model.pt
                                                       # TEACHER_ONNX=served.onnx CORRECT=1 INIT=ml_recover.py's student:
                                                       # a data refresh that distils the served model (corrected by the
-                                                      # labels where it is wrong) into itself, with no teacher run
+                                                      # labels where it is wrong) into itself, with no teacher run;
+                                                      # OK_WINDOWS=1: every served window of a long ok text is an
+                                                      # original with label 0 (round 8), not only the first
   ml_train.py eval    DATA_DIR BASE_DIR CKPT_DIR WHAT  # WHAT = teacher | student: per-language validation accuracy of the
                                                       # finished model, or of the latest resume.pt if not finished
 DATA_DIR = ml_prepare.py output (train.jsonl, val.jsonl); BASE_DIR = ml_base.py prune output (pruned encoder + tokenizer).
@@ -254,10 +256,23 @@ elif cmd == "kd":
             c = (o[:k] + c)[:n]
         return [BOS] + c[:n] + [EOS]
     enc = list(base_enc); labels = [r["label"] for r in rows]
+    if os.environ.get("OK_WINDOWS", "0") == "1":
+        # An ordinary text is ordinary in every window, and the server lets the riskiest window decide: so every
+        # window of a long `ok` text (as served: 126 tokens, stride 94 = overlap 32, at most 8) is an original with
+        # hard label 0, not only the first. Without them a mail that quotes a scam in its third window was never
+        # shown to the model as ok there. A long risk text keeps one window (its scam may be anywhere).
+        n, stride = MAX_LEN - 2, MAX_LEN - 2 - 32
+        for r, f in zip(rows, full):
+            c = f[1:-1]
+            if r["label"] != 0 or len(c) <= n: continue
+            for o in range(stride, min(len(c) - (n - stride), 8 * stride), stride):
+                enc.append([BOS] + c[o:o + n] + [EOS]); labels.append(0)
+        print(f"OK_WINDOWS: {len(enc) - len(rows)} more windows of long ok texts", flush=True)
+    N0 = len(enc)                                       # the originals: hard labels, indexed by themselves
     for i in range(len(rows)):
         for _ in range(AUG):
             enc.append(augment(i)); labels.append(-100)
-    origin = list(range(len(rows))) + [i for i in range(len(rows)) for _ in range(AUG)]
+    origin = list(range(N0)) + [i for i in range(len(rows)) for _ in range(AUG)]
     cache = os.path.join(ckdir, "teacher_logits.pt")
     TEACHER_ONNX = os.environ.get("TEACHER_ONNX", "")
     fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc), **({"onnx": TEACHER_ONNX} if TEACHER_ONNX else {})})
@@ -297,13 +312,13 @@ elif cmd == "kd":
         # A teacher that is itself the model being refreshed is wrong exactly where the new rows are meant to teach:
         # where its label disagrees with the truth, the original's target becomes the label smoothed to 0.95, and that
         # row's augmented copies (whose targets are the same wrong teacher's) are left out.
-        pred = T["logits"][:len(rows)].argmax(-1); y0 = torch.tensor(labels[:len(rows)])
+        pred = T["logits"][:N0].argmax(-1); y0 = torch.tensor(labels[:N0])
         wrong = set(torch.nonzero(pred != y0).flatten().tolist())
         smooth = torch.log(torch.tensor([[0.95, 0.05], [0.05, 0.95]]))
         for i in wrong:
             T["logits"][i] = smooth[labels[i]]
-        keep = [j for j in range(len(enc)) if j < len(rows) or origin[j] not in wrong]
-        print(f"CORRECT: the teacher is wrong on {len(wrong)} of {len(rows)} originals; their targets are the smoothed "
+        keep = [j for j in range(len(enc)) if j < N0 or origin[j] not in wrong]
+        print(f"CORRECT: the teacher is wrong on {len(wrong)} of {N0} originals; their targets are the smoothed "
               f"labels and {len(enc) - len(keep)} augmented copies are left out", flush=True)
         enc = [enc[j] for j in keep]; labels = [labels[j] for j in keep]
         T = {**T, "logits": T["logits"][keep]}
@@ -312,8 +327,8 @@ elif cmd == "kd":
     cfg = BertConfig.from_pretrained(base); cfg.num_hidden_layers = N_ST
     student = MLRiskClassifier(config=cfg); student.load_state_dict(load_state(INIT)); student.to(DEV)
     student.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    agree = float(((TL[:len(rows)].argmax(-1).cpu() == torch.tensor(labels[:len(rows)])).float().mean()))
-    print(f"kd: student from {INIT}; {len(rows)} windows + {len(enc) - len(rows)} augmented; teacher agrees with the "
+    agree = float(((TL[:N0].argmax(-1).cpu() == torch.tensor(labels[:N0])).float().mean()))
+    print(f"kd: student from {INIT}; {N0} windows + {len(enc) - N0} augmented; teacher agrees with the "
           f"labels on {agree:.4f} of the originals", flush=True)
     def loss_fn(stage, ids, m, y, idx=None):
         sl, _ = student(ids, m)

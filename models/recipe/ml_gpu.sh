@@ -7,7 +7,7 @@
 #   OUT_DIR = logs, per-language validation JSON, and the trimmed students (ml_gpu.py trim: no word embeddings;
 #             `ml_gpu.py merge` puts them back before ml_finalize.py)
 # Knobs (env, the CPU recipe's names): REP_ML (2), EPOCHS (3), BS (32), STUDENT_LAYERS (2), S1_EPOCHS (2), S2_EPOCHS (1),
-# KD_EPOCHS (3), AUG_COPIES (2). One H200: see models/recipe/README.md for the times.
+# KD_EPOCHS (3), AUG_COPIES (2), OK_WINDOWS (1: every window of a long ok text, since round 8). One H200: see models/recipe/README.md for the times.
 set -euo pipefail
 R="$(cd "$(dirname "$0")" && pwd)"
 IN="$1"; OUT="$2"; W="${ML_GPU_WORK:-/tmp/ml_gpu}"
@@ -37,7 +37,7 @@ cp "$W/ckpt/student_L$L/train_stats.json" "$OUT/student_stats.json"
 python3 "$R/ml_gpu.py" trim "$W/ckpt/student_L$L/model.pt" "$OUT/student_L$L.pt"
 
 log "kd (teacher-scored augmented windows)"
-AUG_COPIES="${AUG_COPIES:-2}" KD_EPOCHS="${KD_EPOCHS:-3}" python3 "$R/ml_train.py" kd "$W/data" "$W/base_pruned" "$W/ckpt" \
+OK_WINDOWS="${OK_WINDOWS:-1}" AUG_COPIES="${AUG_COPIES:-2}" KD_EPOCHS="${KD_EPOCHS:-3}" python3 "$R/ml_train.py" kd "$W/data" "$W/base_pruned" "$W/ckpt" \
     2>&1 | tee "$OUT/kd.log" | quiet
 cp "$W/ckpt/student_L${L}_kd/train_stats.json" "$OUT/kd_stats.json"
 python3 "$R/ml_gpu.py" trim "$W/ckpt/student_L${L}_kd/model.pt" "$OUT/student_L${L}_kd.pt"

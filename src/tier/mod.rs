@@ -9,6 +9,7 @@ pub mod backend;
 pub mod config;
 mod error;
 pub mod gpu;
+pub mod lexical;
 pub mod manifest;
 pub mod model;
 pub mod onnx;

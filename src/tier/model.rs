@@ -9,9 +9,12 @@
 //! - `tokenizer.json` (Hugging Face tokenizers format);
 //! - `calibration.json`: the fitted temperature;
 //! - `ood.json`: k-means centroids of training embeddings and the quantiles of the validation
-//!   split's distance to them.
+//!   split's distance to them;
+//! - optionally `lexical.json` and its weights, named by `model.json`'s `"lexical"`: a lexical
+//!   model combined with the encoder's verdict ([`super::lexical`]).
 
 pub use super::config::Provider;
+use super::lexical::Lexical;
 use super::manifest;
 use super::ood::{OodFile, OodScorer};
 use super::windows::{encode, Encoded, TokenCounter, Windows};
@@ -39,6 +42,9 @@ pub struct Manifest {
     pub labels: Vec<String>,
     #[serde(default)]
     pub embedding_dim: Option<usize>,
+    /// The lexical model's file (`lexical.json`), if the model has one.
+    #[serde(default)]
+    pub lexical: Option<String>,
 }
 
 /// Facts about the loaded model, for `/readyz`, logs and the model card check.
@@ -67,6 +73,8 @@ pub struct ModelAssets {
     pad_id: i64,
     windows: Windows,
     ood: OodScorer,
+    /// Combined with the encoder's verdict of every text ([`super::lexical`]).
+    lexical: Option<Arc<Lexical>>,
 }
 
 /// Session options (from `[model]` or `[gpu.onnx]` in config).
@@ -141,6 +149,15 @@ impl ModelAssets {
         )
         .with_context(|| format!("parsing {}", ood_path.display()))?;
         let ood = OodScorer::new(ood, manifest.embedding_dim).with_context(|| ood_path.display().to_string())?;
+        let lexical = match &manifest.lexical {
+            Some(file) => {
+                verified.require(dir, &[file])?;
+                let (lexical, weights) = Lexical::load(dir, file)?;
+                verified.require(dir, &[&weights])?;
+                Some(Arc::new(lexical))
+            }
+            None => None,
+        };
 
         Ok(ModelAssets {
             info: ModelInfo {
@@ -155,6 +172,7 @@ impl ModelAssets {
             pad_id,
             windows,
             ood,
+            lexical,
         })
     }
 
@@ -174,12 +192,25 @@ impl ModelAssets {
     /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
     /// are the model's own input.
     pub fn token_counter(&self) -> TokenCounter {
-        TokenCounter::new(Arc::clone(&self.tokenizer), self.info.max_seq_len, self.windows)
+        TokenCounter::new(Arc::clone(&self.tokenizer), self.info.max_seq_len, self.windows, self.lexical.clone())
     }
 
-    /// `text` as the model reads it (see [`super::windows::encode`]).
+    /// `text` as the model reads it (see [`super::windows::encode`]), with its lexical logit.
     pub fn encode(&self, text: &str) -> anyhow::Result<Encoded> {
-        encode(&self.tokenizer, text, self.info.max_seq_len, self.windows)
+        encode(&self.tokenizer, self.lexical.as_deref(), text, self.info.max_seq_len, self.windows)
+    }
+
+    /// A text's verdict from its windows' outputs: the riskiest window's, combined with the
+    /// text's lexical logit when the model has a lexical model ([`super::lexical`]).
+    pub(crate) fn verdict(&self, windows: &[Output], unread: bool, lexical_logit: Option<f64>) -> Output {
+        let out = riskiest(windows, unread);
+        match (&self.lexical, lexical_logit) {
+            (Some(lexical), Some(z)) => {
+                let p = lexical.combine(out.risk_score, z);
+                Output { risk_score: p, confidence: p.max(1.0 - p), ..out }
+            }
+            _ => out,
+        }
     }
 
     /// A classifier with its own ONNX Runtime session (see `ort_lib::environment`). Sessions
@@ -247,7 +278,7 @@ pub struct Output {
 }
 
 /// A text's output: its riskiest window's, named when there were several.
-pub(crate) fn riskiest(windows: &[Output], unread: bool) -> Output {
+fn riskiest(windows: &[Output], unread: bool) -> Output {
     let (index, best) = windows
         .iter()
         .enumerate()
@@ -262,6 +293,10 @@ impl Classifier {
         &self.assets.info
     }
 
+    pub fn assets(&self) -> &ModelAssets {
+        &self.assets
+    }
+
     /// `text` as the model reads it: windows of `max_seq_len` tokens.
     pub fn encode(&self, text: &str) -> anyhow::Result<Encoded> {
         self.assets.encode(text)
@@ -273,7 +308,8 @@ impl Classifier {
         self.classify_encoded(&encoded)
     }
 
-    /// Classifies encoded texts, all their windows in one run: for each, the riskiest window.
+    /// Classifies encoded texts, all their windows in one run: for each, its verdict
+    /// ([`ModelAssets::verdict`]: the riskiest window, with the lexical model if any).
     pub fn classify_encoded(&mut self, texts: &[Encoded]) -> anyhow::Result<Vec<Output>> {
         // References, not clones: an `Encoding` clone copies its tokens' strings and offsets.
         let windows: Vec<&Encoding> = texts.iter().flat_map(|t| t.windows.iter()).collect();
@@ -284,7 +320,7 @@ impl Classifier {
             .map(|t| {
                 let (mine, tail) = rest.split_at(t.windows.len());
                 rest = tail;
-                riskiest(mine, t.unread)
+                self.assets.verdict(mine, t.unread, t.lexical)
             })
             .collect())
     }

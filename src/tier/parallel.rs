@@ -8,7 +8,7 @@
 //! while it waits: if nobody took its part it runs the part itself, so a part is never stranded
 //! (not even with one worker alive), and a part it finds of another text it runs and answers.
 
-use super::model::{riskiest, Classifier, Output};
+use super::model::{Classifier, Output};
 use super::windows::Encoded;
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use tokenizers::Encoding;
@@ -35,7 +35,7 @@ impl Parts {
     /// Classifies one text, the second half of its windows on whichever worker takes the part
     /// (this one if none does). The text needs at least two windows.
     pub(crate) fn classify(&self, classifier: &mut Classifier, text: Encoded) -> anyhow::Result<Output> {
-        let Encoded { mut windows, unread } = text;
+        let Encoded { mut windows, unread, lexical } = text;
         let theirs = windows.split_off(windows.len().div_ceil(2));
         let (reply, answer) = bounded(1);
         // Cannot fail: this worker holds a receiver.
@@ -45,7 +45,7 @@ impl Parts {
             select! {
                 recv(answer) -> theirs => {
                     outputs.extend(theirs.map_err(|_| anyhow::anyhow!("the worker running the other half stopped"))??);
-                    return Ok(riskiest(&outputs, unread));
+                    return Ok(classifier.assets().verdict(&outputs, unread, lexical));
                 }
                 recv(self.rx) -> part => {
                     if let Ok(part) = part {

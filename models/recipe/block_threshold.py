@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Choose the bundled policy's `[cascade] accept_risk_below` for a model: the confidence a `risk`
+verdict of the cpu tier needs to stand (and block) instead of going to the rules (a review).
+
+Usage:
+    python3 models/recipe/block_threshold.py DECISIONS.jsonl [...] [--max-ok-blocked 0.005]
+
+Input: the `--decisions` files of `blind_report.py` ({"truth", "decision"} per line), measured with
+the policy's current threshold (which must be at least every candidate: the files then hold the
+cpu tier's score of every verdict that went to the rules for want of confidence). Use spent
+sets only (blind sets already measured, check sets): a set used here is no longer blind.
+
+For each candidate t (0.90 to 0.97 by 0.01) a review whose first cpu step was `low_confidence`
+with risk_score >= max(t, accept_below) and within `ood_above` is counted as a block (the verdict
+would have stood: action from `block_at`; guards only raise). Prints per file and pooled: ordinary
+messages blocked (with the Wilson 95 % upper bound, Wilson 1927), risk allowed, review share.
+Chooses the lowest t whose pooled ok-blocked rate is at most --max-ok-blocked (default 0.5 %,
+half of issue 26's 1 % bar: on a fresh set of 420 ordinary messages at that rate, 5 or more
+blocks have probability about 5 %). Confirm the choice by measuring the files' sets again
+through a server with it.
+"""
+
+import argparse
+import collections
+import json
+import math
+
+ACCEPT_BELOW = 0.9  # policies/routing.toml [cascade] accept_below: no verdict stands below it
+OOD_ABOVE = 0.99  # [cascade] ood_above
+
+
+def wilson_upper(k, n, z=1.96):
+    if n == 0:
+        return float("nan")
+    p = k / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre + spread) / (1 + z * z / n)
+
+
+def action_at(row, t):
+    d = row["decision"]
+    if d["action"] != "review":
+        return d["action"]
+    cpu = [s for s in d["path"] if s["tier"] == "cpu"]
+    if not cpu or cpu[0].get("outcome") != "low_confidence":
+        return "review"
+    s = cpu[0]
+    if s.get("risk_score", 0) >= max(t, ACCEPT_BELOW) and s.get("ood_score", 0) <= OOD_ABOVE:
+        return "block"
+    return "review"
+
+
+def tally(rows, t):
+    c = collections.Counter()
+    for r in rows:
+        c[(r["truth"], action_at(r, t))] += 1
+    n_ok = sum(v for (truth, _), v in c.items() if truth == "ok")
+    review = (c[("ok", "review")] + c[("risk", "review")]) / max(len(rows), 1)
+    return c[("ok", "block")], n_ok, c[("risk", "allow")], review
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--max-ok-blocked", type=float, default=0.005)
+    args = ap.parse_args()
+    sets = {f: [json.loads(l) for l in open(f, encoding="utf-8") if l.strip()] for f in args.files}
+    pooled = [r for rows in sets.values() for r in rows]
+    chosen = None
+    print(f"{'t':>5} {'ok blocked (pooled)':>22} {'95% upper':>9} {'risk allowed':>12} {'review':>7}   per file: ok blocked / review")
+    for t in [0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90]:
+        blocked, n_ok, allowed, review = tally(pooled, t)
+        per = "  ".join(f"{tally(rows, t)[0]}/{tally(rows, t)[3]:.3f}" for rows in sets.values())
+        print(f"{t:5.2f} {blocked:>10} / {n_ok:<5} {blocked / n_ok:6.2%} {wilson_upper(blocked, n_ok):9.2%} {allowed:>12} {review:7.1%}   {per}")
+        if blocked / n_ok <= args.max_ok_blocked:
+            chosen = t
+    print(f"chosen: accept_risk_below = {chosen} (lowest with pooled ok blocked <= {args.max_ok_blocked:.1%})")
+
+
+if __name__ == "__main__":
+    main()

@@ -64,6 +64,7 @@ fn bench(c: &mut Criterion) {
     let worst = "please confirm the delivery address for order 4471 and the time slot ".repeat(5);
     bench_complexity(c, &policy, &counter, &worst, &long);
     bench_ood(c);
+    bench_lexical(c);
     let routing = Routing { snapshot: snapshot(), verdict: verdict(), english: english() };
     bench_route(c, &policy, &routing);
     bench_request_path(c, &policy, &counter, &routing, &incoming, &worst);
@@ -132,6 +133,17 @@ fn bench_ood(c: &mut Criterion) {
     let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
     let embedding: Vec<f32> = raw.iter().map(|x| x / norm).collect();
     c.bench_function("ood/score", |b| b.iter(|| scorer.score(black_box(&embedding))));
+}
+
+/// The cpu tier's lexical model (`models/lexical.json`): its logit of a short text, a Chinese
+/// one, and the largest accepted text (`max_text_bytes`, 16 KiB), which it reads whole.
+fn bench_lexical(c: &mut Criterion) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let (lexical, _) = tiergate::tier::lexical::Lexical::load(&dir, "lexical.json").unwrap();
+    let largest: String = SHORT.repeat(16 * 1024 / SHORT.len());
+    for (name, text) in [("short", SHORT), ("zh", ZH), ("16k", largest.as_str())] {
+        c.bench_function(&format!("lexical/logit_{name}"), |b| b.iter(|| lexical.logit(black_box(text))));
+    }
 }
 
 fn bench_text(c: &mut Criterion, policy: &Policy, long: &str) {

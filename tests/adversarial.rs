@@ -26,7 +26,8 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // (models/MODEL_CARD.md, "The earlier check sets") sends 11 of its ordinary long mails,
     // newsletters and security reports to review (labelled risk) rather than allowing them, and
     // still allows no scam and blocks nothing ordinary here. Its b, c and d figures are better.
-    // Round 7 (2026-12-05): 0.977; round 8: 0.982; round 9: 0.977.
+    // Round 7 (2026-12-05): 0.977; round 8: 0.982; round 9: 0.977; with the lexical model: 0.973
+    // (a supplier's ordinary PO update that mentions bank details goes to review labelled risk).
     ("tests/data/adversarial.jsonl", 0, 0, 0.97),
     // 0.90 until the language gate read past the first window (issue 25, item 3): a Japanese
     // parcel scam whose URL outnumbers each Japanese script's letters was read by the English
@@ -34,12 +35,15 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // default's label ok), as every text in a language the model was not trained on does.
     // Round 6 (2026-12-05) blocks one ordinary message fewer here (3 -> 1); round 7: 0.912.
     // Round 8 (2026-12-05) allowed one more (a calm "our remit-to details for ACH have
-    // changed", 0.898 here); round 9 allows 3 and blocks none again (0.918).
+    // changed", 0.898 here); round 9 allows 3 and blocks none again (0.918); with the lexical model 3 and 1
+    // (a genuine supplier-bank-change verification, "I rang your AP line on the number in our
+    // contract", p 0.99), 0.918.
     ("tests/data/adversarial_b.jsonl", 3, 1, 0.91),
     // 0 allowed and 0.98 until round 7 (2026-12-05), which allows one gift-card demand ("send me
     // 150 in Amazon vouchers and I'll forward your tickets", p(risk) 0.034; 0.978 here). Round 7
     // was served for blind set ml8 (scams allowed 13 -> 8 of 420, accuracy 0.904 -> 0.917) and
-    // the other sets (models/MODEL_CARD.md, "Round 7"); this one is its regression.
+    // the other sets (models/MODEL_CARD.md, "Round 7"); this one is its regression. With the
+    // lexical model (2026-12-05): 0.970, 1 and 0.
     ("tests/data/adversarial_c.jsonl", 1, 0, 0.97),
     // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
     // the bounds), but two more of its risk messages go to review by the rules' default instead

@@ -3,7 +3,7 @@
 verdict of the cpu tier needs to stand (and block) instead of going to the rules (a review).
 
 Usage:
-    python3 models/recipe/block_threshold.py DECISIONS.jsonl [...] [--max-ok-blocked 0.005]
+    python3 models/recipe/block_threshold.py DECISIONS.jsonl [...] [--fresh-ok 420 --bar 0.01 --risk 0.05]
 
 Input: the `--decisions` files of `blind_report.py` ({"truth", "decision"} per line), measured with
 the policy's current threshold (which must be at least every candidate: the files then hold the
@@ -14,9 +14,9 @@ For each candidate t (0.90 to 0.97 by 0.01) a review whose first cpu step was `l
 with risk_score >= max(t, accept_below) and within `ood_above` is counted as a block (the verdict
 would have stood: action from `block_at`; guards only raise). Prints per file and pooled: ordinary
 messages blocked (with the Wilson 95 % upper bound, Wilson 1927), risk allowed, review share.
-Chooses the lowest t whose pooled ok-blocked rate is at most --max-ok-blocked (default 0.5 %,
-half of issue 26's 1 % bar: on a fresh set of 420 ordinary messages at that rate, 5 or more
-blocks have probability about 5 %). Confirm the choice by measuring the files' sets again
+Chooses the lowest t at which a fresh set of FRESH_OK ordinary messages (420: a blind set's)
+would break issue 26's bar (more than 1 % blocked, i.e. 5 or more) with probability at most 5 %,
+blocks counted as Poisson at the pooled rate. Confirm the choice by measuring the files' sets again
 through a server with it.
 """
 
@@ -36,6 +36,10 @@ def wilson_upper(k, n, z=1.96):
     centre = p + z * z / (2 * n)
     spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return (centre + spread) / (1 + z * z / n)
+
+
+def poisson_at_least(k, lam):
+    return 1.0 - sum(math.exp(-lam) * lam**i / math.factorial(i) for i in range(k))
 
 
 def action_at(row, t):
@@ -63,19 +67,23 @@ def tally(rows, t):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
-    ap.add_argument("--max-ok-blocked", type=float, default=0.005)
+    ap.add_argument("--fresh-ok", type=int, default=420, help="ordinary messages in a fresh blind set")
+    ap.add_argument("--bar", type=float, default=0.01, help="share of them the bar lets be blocked")
+    ap.add_argument("--risk", type=float, default=0.05, help="accepted probability of breaking the bar")
     args = ap.parse_args()
     sets = {f: [json.loads(l) for l in open(f, encoding="utf-8") if l.strip()] for f in args.files}
     pooled = [r for rows in sets.values() for r in rows]
     chosen = None
-    print(f"{'t':>5} {'ok blocked (pooled)':>22} {'95% upper':>9} {'risk allowed':>12} {'review':>7}   per file: ok blocked / review")
+    breaks = math.floor(args.bar * args.fresh_ok) + 1
+    print(f"{'t':>5} {'ok blocked (pooled)':>22} {'95% upper':>9} {'P(>=' + str(breaks) + ')':>8} {'risk allowed':>12} {'review':>7}   per file: ok blocked / review")
     for t in [0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90]:
         blocked, n_ok, allowed, review = tally(pooled, t)
         per = "  ".join(f"{tally(rows, t)[0]}/{tally(rows, t)[3]:.3f}" for rows in sets.values())
-        print(f"{t:5.2f} {blocked:>10} / {n_ok:<5} {blocked / n_ok:6.2%} {wilson_upper(blocked, n_ok):9.2%} {allowed:>12} {review:7.1%}   {per}")
-        if blocked / n_ok <= args.max_ok_blocked:
+        p_break = poisson_at_least(breaks, blocked / n_ok * args.fresh_ok)
+        print(f"{t:5.2f} {blocked:>10} / {n_ok:<5} {blocked / n_ok:6.2%} {wilson_upper(blocked, n_ok):9.2%} {p_break:8.3f} {allowed:>12} {review:7.1%}   {per}")
+        if p_break <= args.risk and (chosen is None or chosen == round(t + 0.01, 2)):
             chosen = t
-    print(f"chosen: accept_risk_below = {chosen} (lowest with pooled ok blocked <= {args.max_ok_blocked:.1%})")
+    print(f"chosen: accept_risk_below = {chosen} (lowest t, every t above it too, with P(>= {breaks} of {args.fresh_ok} ordinary blocked) <= {args.risk})")
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ mod tests {
     fn the_bundled_model_matches_the_recipe_on_every_script() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let (m, _) = Lexical::load(&root.join("models"), "lexical.json").unwrap();
-        let fixture = std::fs::read_to_string(root.join("tests/data/lexical_parity.jsonl")).unwrap();
+        let fixture = std::fs::read_to_string(root.join("tests/data/lexical/parity.jsonl")).unwrap();
         let mut n = 0;
         for line in fixture.lines() {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();

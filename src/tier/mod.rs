@@ -25,9 +25,10 @@ pub use error::TierError;
 /// A calibrated verdict from a model tier (cpu, or either gpu backend).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelVerdict {
-    /// Calibrated probability of the risk class, `softmax(logits / T)[1]`.
+    /// Calibrated probability of the risk class, `softmax(logits / T)[1]`; for a cpu model with a
+    /// lexical model, that combined with the text's lexical logit (`lexical::Lexical::combine`).
     pub risk_score: f64,
-    /// Calibrated probability of the predicted class, `max(softmax(logits / T))`.
+    /// Calibrated probability of the predicted class, `max(risk_score, 1 - risk_score)`.
     pub confidence: f64,
     /// Out-of-distribution score in [0, 1]: the share of in-domain validation inputs that lie
     /// closer to the training data than this one (see `model::OodScorer`). `None` for backends

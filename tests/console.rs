@@ -25,7 +25,7 @@ const TRIAGE: &str =
 
 /// Benign messages, each reviewed under [`TRIAGE`], with the tenant that sends it.
 const QUEUE: [(&str, &str); 7] = [
-    ("Congratulations, you have been selected for a cash reward! Reply today to claim your prize.", "shop-a"),
+    ("Congratulations! You won a voucher, reply with your name to claim.", "shop-a"),
     ("Your parcel is waiting at the depot, pick it up before Friday.", "shop-b"),
     ("Hi, can you send me the slides from this morning's meeting?", "shop-a"),
     ("The invoice for March is attached, payment is due in 30 days.", "shop-b"),

@@ -77,8 +77,8 @@ fn register() {
     });
 }
 
-/// Every cpu verdict escalates; a model verdict from 0.5 stands.
-const ROUTING: &str = "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\nescalate_below = 0.99999\n\
+/// Every cpu verdict escalates (a confidence is below 1); a model verdict from 0.5 stands.
+const ROUTING: &str = "[actions]\nreview_at = 0.3\nblock_at = 0.8\n[cascade]\nescalate_below = 1.0\n\
      accept_below = 0.5\nood_above = 1.0\n[default]\naction = \"allow\"\nscore = 0.2\n\
      [gpu]\nmin_free_memory_mb = 2048\nmax_in_flight = 8\n";
 

@@ -3,7 +3,7 @@
 logit is combined with the encoder's (src/tier/lexical.rs reads what this writes).
 
     python ml_lexical.py train DATA_DIR OUT_DIR             # DATA_DIR/train.jsonl, val.jsonl (ml_prepare.py)
-    python ml_lexical.py combine OUT_DIR SET.jsonl:DECISIONS.jsonl...  # fit the combination on spent sets
+    python ml_lexical.py combine OUT_DIR VAL.jsonl:DECISIONS.jsonl  # fit the combination on validation
     python ml_lexical.py fixture OUT_DIR TEXTS.jsonl FIXTURE.jsonl   # texts + expected logits for the Rust test
 
 Features (the definition src/tier/lexical.rs implements, code point for code point):
@@ -20,9 +20,10 @@ coefficients) and `lexical.json` (the parameters, the intercept, the combination
 
 Combination (`combine`): p(risk) = sigmoid(a * logit(p_encoder) + b * z_lexical + c), where
 p_encoder is the encoder's calibrated risk score (temperature-scaled, riskiest window) and
-z_lexical the lexical logit; a, b, c by logistic regression on the cpu tier's scores in
-`blind_report.py --decisions` files of spent blind sets (sets never trained on, already measured,
-so no longer blind): they are written the way fresh traffic is, unlike the validation split.
+z_lexical the lexical logit; a, b, c by logistic regression on the encoder's scores of the
+validation split (`blind_report.py --decisions` through a server whose model directory has no
+"lexical" in model.json). Never on a blind set, spent or not (issue 26: a blind set is never
+tuned on).
 """
 
 import json

@@ -1,7 +1,7 @@
 //! The cpu tier's lexical model: a logistic regression over hashed character n-grams of the
 //! whole text, combined with the encoder's verdict. The encoder reads 128-token windows with two
 //! layers; the lexical model reads every character of the text at a cost of microseconds, and
-//! errs on different messages (on the spent blind sets `ml6`-`ml10`, models/MODEL_CARD.md).
+//! errs on different messages (models/MODEL_CARD.md, "Lexical model").
 //!
 //! Files (written by `models/recipe/ml_lexical.py`, both listed in `MANIFEST.sha256`):
 //! `lexical.json` (named by `model.json`'s `"lexical"`) and its `weights` file: little-endian f32,
@@ -16,7 +16,9 @@
 //!
 //! Combination: `p(risk) = sigmoid(encoder * logit(p_encoder) + lexical * z + bias)`, where
 //! `p_encoder` is the encoder's temperature-scaled risk score of the riskiest window; the three
-//! weights are fitted by logistic regression on spent blind sets (`ml_lexical.py combine`).
+//! weights are fitted by logistic regression on the validation split's encoder scores
+//! (`ml_lexical.py combine`). A policy's `[calibration] cpu_temperature` rescales the combined
+//! logit as it would the encoder's.
 
 use anyhow::{bail, Context as _};
 use serde::Deserialize;

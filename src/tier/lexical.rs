@@ -132,6 +132,10 @@ impl Lexical {
             dot += v * f64::from(self.coef[b]);
             norm += v * v;
         }
+        // An all-zero idf (not what the recipe writes, but a file could) has no direction.
+        if norm == 0.0 {
+            return self.intercept;
+        }
         dot / norm.sqrt() + self.intercept
     }
 

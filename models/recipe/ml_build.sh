@@ -3,8 +3,10 @@
 # every step is skipped when its output exists, and training continues from its last checkpoint.
 # Usage: models/recipe/ml_build.sh [SCRATCH_DIR]   (default /work/scratch/ml)
 # CPU only. On an idle 2-core machine: ~5 min set-up, teacher ~45 min (2 epochs, 11-12 sequences/s),
-# student ~25 min, kd ~45 min (teacher scores 43k windows once, then 2 epochs), finalize ~5 min. Then it installs the model into models/ (and the drift reference
-# needs remaking: `tiergate drift reference`, see models/recipe/README.md).
+# student ~25 min, kd ~45 min (teacher scores 43k windows once, then 2 epochs), finalize ~5 min, lexical model ~3 min
+# (it starts the tiergate binary, TIERGATE_BIN, default target/release/tiergate, for the encoder's own scores). Then
+# it installs the model into models/ (and the drift reference needs remaking: `tiergate drift reference`, see
+# models/recipe/README.md).
 set -euo pipefail
 RECIPE="$(cd "$(dirname "$0")" && pwd)"
 MODELS="$(dirname "$RECIPE")"
@@ -59,3 +61,25 @@ cp "$S/final/metrics.json" "$RECIPE/ml_metrics.json"
 for old in "$MODELS"/*.onnx; do [ "$(basename "$old")" = "$NAME" ] || rm -f "$old"; done
 (cd "$MODELS" && sha256sum model.json "$NAME" tokenizer.json calibration.json ood.json > MANIFEST.sha256)
 log "installed $NAME: $(sha256sum "$MODELS/MANIFEST.sha256")"
+
+# 8. The lexical model (character n-grams, ml_lexical.py) and its combination with the encoder, fitted on the
+# validation split's encoder scores, which the installed encoder gives through tiergate serve (the riskiest window
+# of the served windows, exactly as served).
+L="$S/lexical"
+if ! grep -q fitted_on "$L/lexical.json" 2>/dev/null; then
+  log "lexical"; "$PY" "$RECIPE/ml_lexical.py" train "$S/data" "$L"
+  "$PY" "$RECIPE/ml_lexical.py" valset "$S/data" "$L/val.jsonl"
+  printf '[server]\nlisten = "127.0.0.1:18599"\n[admin]\nlisten = "127.0.0.1:18600"\n[model]\ndir = "%s"\n[policies]\ndir = "%s"\n' \
+    "$MODELS" "$REPO/policies" > "$L/serve.toml"
+  "${TIERGATE_BIN:-$REPO/target/release/tiergate}" serve --config "$L/serve.toml" > "$L/serve.log" 2>&1 & SERVE=$!
+  trap 'kill $SERVE 2>/dev/null || true' EXIT
+  for _ in $(seq 120); do curl -sf http://127.0.0.1:18599/readyz >/dev/null && break; sleep 1; done
+  python3 "$RECIPE/blind_report.py" "$L/val.jsonl" --url http://127.0.0.1:18599/v1/classify --out "$L/val.json" \
+    --decisions "$L/val.dec.jsonl" > "$L/val.log"
+  kill $SERVE; trap - EXIT
+  "$PY" "$RECIPE/ml_lexical.py" combine "$L" "$L/val.jsonl:$L/val.dec.jsonl"
+fi
+cp "$L/lexical.json" "$L/lexical.bin" "$MODELS/"
+"$PY" -c 'import json,sys; p=sys.argv[1]; m=json.load(open(p)); m["lexical"]="lexical.json"; json.dump(m,open(p,"w"),indent=2)' "$MODELS/model.json"
+(cd "$MODELS" && sha256sum model.json "$NAME" tokenizer.json calibration.json ood.json lexical.json lexical.bin > MANIFEST.sha256)
+log "installed the lexical model: $(sha256sum "$MODELS/MANIFEST.sha256")"

@@ -5,6 +5,7 @@ logit is combined with the encoder's (src/tier/lexical.rs reads what this writes
     python ml_lexical.py train DATA_DIR OUT_DIR             # DATA_DIR/train.jsonl, val.jsonl (ml_prepare.py)
     python ml_lexical.py combine OUT_DIR VAL.jsonl:DECISIONS.jsonl  # fit the combination on validation
     python ml_lexical.py fixture OUT_DIR TEXTS.jsonl FIXTURE.jsonl   # texts + expected logits for the Rust test
+    python ml_lexical.py valset DATA_DIR VAL.jsonl           # the validation split as blind_report.py reads it
 
 Features (the definition src/tier/lexical.rs implements, code point for code point):
 - the text lower-cased (Python str.lower = Rust str::to_lowercase, Unicode's full mappings),
@@ -185,6 +186,20 @@ def fixture(out_dir, texts_path, out_path):
             f.write(json.dumps({"text": r["text"], "logit": lex.logit(r["text"])}, ensure_ascii=False) + "\n")
 
 
+def valset(data_dir, out_path, max_bytes=16000):
+    """The validation split as {"text", "label": "risk"|"ok"} lines, without texts over max_bytes
+    (tiergate refuses texts over max_text_bytes, 16,384)."""
+    n = 0
+    with open(out_path, "w", encoding="utf-8") as f:
+        for r in load(f"{data_dir}/val.jsonl"):
+            if len(r["text"].encode()) > max_bytes:
+                continue
+            row = {"text": r["text"], "label": "risk" if int(r["label"]) == 1 else "ok", "lang": r.get("lang")}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    print(f"{n} validation texts -> {out_path}")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"train": train, "combine": lambda o, *f: combine(o, f), "fixture": fixture}[cmd](*args)
+    {"train": train, "combine": lambda o, *f: combine(o, f), "fixture": fixture, "valset": valset}[cmd](*args)

@@ -55,16 +55,17 @@ impl ClassifyRequest {
         deadline: Duration,
         server: &ServerConfig,
     ) -> Result<ClassifyRequest, ApiError> {
-        if crate::text::is_blank(&text) {
-            return Err(ApiError::invalid(
-                "text",
-                "`text` must not be empty (white space and invisible characters alone are empty)",
-            ));
-        }
+        // The limit first: a text over it is refused for its size whatever it holds.
         if text.len() > server.max_text_bytes {
             return Err(ApiError::invalid(
                 "text",
                 format!("`text` must be at most {} bytes, got {}", server.max_text_bytes, text.len()),
+            ));
+        }
+        if crate::text::is_blank(&text) {
+            return Err(ApiError::invalid(
+                "text",
+                "`text` must not be empty (white space and invisible characters alone are empty)",
             ));
         }
         if features.len() > server.max_features {
@@ -186,11 +187,15 @@ pub fn tenant_header(headers: &HeaderMap) -> Option<String> {
 
 /// The deadline from `x-tiergate-deadline-ms` (1..=`max_deadline_ms`), else `default_deadline_ms`.
 ///
-/// Errors: `InvalidField` naming the header when it is not an integer in range.
+/// Errors: `InvalidField` naming the header when it is not an integer in range, or when it is
+/// given more than once (which of two deadlines applies would be a guess).
 pub fn deadline(headers: &HeaderMap, server: &ServerConfig) -> Result<Duration, ApiError> {
     let Some(raw) = headers.get(headers::DEADLINE) else {
         return Ok(Duration::from_millis(server.default_deadline_ms));
     };
+    if headers.get_all(headers::DEADLINE).iter().nth(1).is_some() {
+        return Err(ApiError::invalid(headers::DEADLINE, format!("`{}` must be given once", headers::DEADLINE)));
+    }
     let max = server.max_deadline_ms;
     let ms = raw.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).filter(|ms| (1..=max).contains(ms));
     let ms = ms.ok_or_else(|| {
@@ -272,6 +277,16 @@ mod tests {
         let mut bad = HeaderMap::new();
         bad.insert(headers::DEADLINE, "0".parse().unwrap());
         assert_eq!(field_of(parse(&bad, br#"{"text":"a"}"#)).0, headers::DEADLINE);
+        let mut twice = HeaderMap::new();
+        twice.append(headers::DEADLINE, "50".parse().unwrap());
+        twice.append(headers::DEADLINE, "9000".parse().unwrap());
+        let (field, message) = field_of(parse(&twice, br#"{"text":"a"}"#));
+        assert_eq!(
+            (field.as_str(), message.as_str()),
+            (headers::DEADLINE, "`x-tiergate-deadline-ms` must be given once")
+        );
+        // Over the limit and blank: the limit is what the client must hear about.
+        assert_eq!(field_of(parse(&h, br#"{"text":"           "}"#)).1, "`text` must be at most 10 bytes, got 11");
         assert_eq!(field_of(parse(&h, br#"{"text":"a","scenario":1}"#)).1, "`scenario` must be a string, got a number");
         assert!(field_of(parse(&h, br#"{"text":"a","scenario":"Pay ments"}"#)).1.contains("1 to 64 of a-z"));
     }

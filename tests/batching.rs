@@ -75,6 +75,29 @@ fn batched_results_match_unbatched_for_mixed_lengths() {
     eprintln!("max |risk alone - risk in a batch of 16| = {max_diff:e}");
 }
 
+/// A text the request path already tokenised (the complexity rater's token counter, used when a
+/// gpu tier exists) gets the lexical logit on the worker and scores exactly as one the worker
+/// encodes itself.
+#[test]
+fn a_counted_encoding_scores_as_the_workers_own() {
+    let texts = texts();
+    let alone = unbatched(&texts);
+    let env = tiergate::ort_lib::environment(None).unwrap();
+    let assets = ModelAssets::load(&repo().join("models")).unwrap();
+    let counter = assets.token_counter();
+    let mut c = assets.classifier(env, SessionOptions::from(&model_config(1, 0, 8)), None).unwrap();
+    let mut counted = 0;
+    for (text, want) in texts.iter().zip(&alone) {
+        let Some(encoded) = counter.count(text, 10_000).encoded else { continue };
+        assert!(encoded.lexical.is_none(), "no lexical work on the request path");
+        let encoded = assets.encode_reusing(text, Some(encoded)).unwrap();
+        assert!(encoded.lexical.is_some(), "the bundled model has a lexical model");
+        assert_eq!(c.classify_encoded(&[encoded]).unwrap()[0].risk_score, *want, "{text:?}");
+        counted += 1;
+    }
+    assert!(counted > 0, "some texts were short enough to be counted");
+}
+
 /// Batch invariance (issues 11 and 26): with the bundled config's `[model]` settings (batching
 /// on), a text scores the same alone and among concurrent requests (≤ 1e-3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

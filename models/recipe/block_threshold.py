@@ -73,15 +73,17 @@ def main():
     args = ap.parse_args()
     sets = {f: [json.loads(l) for l in open(f, encoding="utf-8") if l.strip()] for f in args.files}
     pooled = [r for rows in sets.values() for r in rows]
-    chosen = None
+    chosen, holds = None, True
     breaks = math.floor(args.bar * args.fresh_ok) + 1
     print(f"{'t':>5} {'ok blocked (pooled)':>22} {'95% upper':>9} {'P(>=' + str(breaks) + ')':>8} {'risk allowed':>12} {'review':>7}   per file: ok blocked / review")
     for t in [0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90]:
         blocked, n_ok, allowed, review = tally(pooled, t)
-        per = "  ".join(f"{tally(rows, t)[0]}/{tally(rows, t)[3]:.3f}" for rows in sets.values())
+        per = "  ".join(f"{b}/{r:.3f}" for b, _, _, r in (tally(rows, t) for rows in sets.values()))
         p_break = poisson_at_least(breaks, blocked / n_ok * args.fresh_ok)
         print(f"{t:5.2f} {blocked:>10} / {n_ok:<5} {blocked / n_ok:6.2%} {wilson_upper(blocked, n_ok):9.2%} {p_break:8.3f} {allowed:>12} {review:7.1%}   {per}")
-        if p_break <= args.risk and (chosen is None or chosen == round(t + 0.01, 2)):
+        # Candidates run from the strictest down: the first that breaks the bar ends the choice.
+        holds = holds and p_break <= args.risk
+        if holds:
             chosen = t
     print(f"chosen: accept_risk_below = {chosen} (lowest t, every t above it too, with P(>= {breaks} of {args.fresh_ok} ordinary blocked) <= {args.risk})")
 

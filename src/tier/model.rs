@@ -192,12 +192,23 @@ impl ModelAssets {
     /// A token counter with this model's tokenizer (for the complexity rater), whose encodings
     /// are the model's own input.
     pub fn token_counter(&self) -> TokenCounter {
-        TokenCounter::new(Arc::clone(&self.tokenizer), self.info.max_seq_len, self.windows, self.lexical.clone())
+        TokenCounter::new(Arc::clone(&self.tokenizer), self.info.max_seq_len, self.windows)
     }
 
     /// `text` as the model reads it (see [`super::windows::encode`]), with its lexical logit.
     pub fn encode(&self, text: &str) -> anyhow::Result<Encoded> {
-        encode(&self.tokenizer, self.lexical.as_deref(), text, self.info.max_seq_len, self.windows)
+        self.encode_reusing(text, None)
+    }
+
+    /// As [`ModelAssets::encode`], reusing `counted`, the token counter's encoding of the same
+    /// `text` when the request path made one; the lexical logit is added here, on the worker.
+    pub fn encode_reusing(&self, text: &str, counted: Option<Encoded>) -> anyhow::Result<Encoded> {
+        let mut encoded = match counted {
+            Some(encoded) => encoded,
+            None => encode(&self.tokenizer, text, self.info.max_seq_len, self.windows)?,
+        };
+        encoded.lexical = self.lexical.as_ref().map(|l| l.logit(text));
+        Ok(encoded)
     }
 
     /// A text's verdict from its windows' outputs: the riskiest window's, combined with the
@@ -293,7 +304,7 @@ impl Classifier {
         &self.assets.info
     }
 
-    pub fn assets(&self) -> &ModelAssets {
+    pub(crate) fn assets(&self) -> &ModelAssets {
         &self.assets
     }
 

@@ -328,7 +328,7 @@ fn worker(
                 // Detected here, on the worker thread, so the request task only reads it.
                 lang.get();
             }
-            match job.prepared.encoded.take().map(Ok).unwrap_or_else(|| classifier.encode(&job.text)) {
+            match classifier.assets().encode_reusing(&job.text, job.prepared.encoded.take()) {
                 Ok(e) => {
                     encodings.push(e);
                     ready.push(job);

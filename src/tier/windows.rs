@@ -3,7 +3,6 @@
 //! and the bounded token count the complexity rater takes on the request path, whose encoding
 //! travels with the request so no text is tokenised twice.
 
-use super::lexical::Lexical;
 use anyhow::Context as _;
 use serde::Deserialize;
 use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
@@ -68,19 +67,13 @@ pub struct Encoded {
     /// Text past the last window was not read.
     pub unread: bool,
     /// The whole text's lexical logit, when the model has a lexical model
-    /// ([`super::lexical`]).
+    /// ([`super::lexical`]); filled by `ModelAssets::encode_reusing` on the worker, never on the
+    /// request path.
     pub lexical: Option<f64>,
 }
 
-/// Encodes `text` into at most `windows.max` windows (`tokenizer` set by [`Windows::configure`]),
-/// with its `lexical` logit if a lexical model is given.
-pub fn encode(
-    tokenizer: &Tokenizer,
-    lexical: Option<&Lexical>,
-    text: &str,
-    max_seq_len: usize,
-    windows: Windows,
-) -> anyhow::Result<Encoded> {
+/// Encodes `text` into at most `windows.max` windows (`tokenizer` set by [`Windows::configure`]).
+pub fn encode(tokenizer: &Tokenizer, text: &str, max_seq_len: usize, windows: Windows) -> anyhow::Result<Encoded> {
     let head = prefix(text, windows.bytes(max_seq_len));
     let mut first = tokenizer.encode_fast(head, true).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
     let mut all = vec![];
@@ -89,7 +82,7 @@ pub fn encode(
     all.extend(rest);
     let unread = all.len() > windows.max || head.len() < text.len();
     all.truncate(windows.max);
-    Ok(Encoded { windows: all, unread, lexical: lexical.map(|l| l.logit(text)) })
+    Ok(Encoded { windows: all, unread, lexical: None })
 }
 
 /// Counts tokens with the model's own tokenizer, at a bounded cost, keeping the encoding so the
@@ -99,7 +92,6 @@ pub struct TokenCounter {
     tokenizer: std::sync::Arc<Tokenizer>,
     max_seq_len: usize,
     windows: Windows,
-    lexical: Option<std::sync::Arc<Lexical>>,
 }
 
 /// Tokens counted for the complexity rater.
@@ -121,13 +113,8 @@ impl Tokens {
 }
 
 impl TokenCounter {
-    pub fn new(
-        tokenizer: std::sync::Arc<Tokenizer>,
-        max_seq_len: usize,
-        windows: Windows,
-        lexical: Option<std::sync::Arc<Lexical>>,
-    ) -> TokenCounter {
-        TokenCounter { tokenizer, max_seq_len, windows, lexical }
+    pub fn new(tokenizer: std::sync::Arc<Tokenizer>, max_seq_len: usize, windows: Windows) -> TokenCounter {
+        TokenCounter { tokenizer, max_seq_len, windows }
     }
 
     /// Counts the tokens of `text` up to `cap`.
@@ -142,7 +129,7 @@ impl TokenCounter {
         if words.count >= cap {
             return words;
         }
-        let Ok(encoded) = encode(&self.tokenizer, self.lexical.as_deref(), text, self.max_seq_len, self.windows) else {
+        let Ok(encoded) = encode(&self.tokenizer, text, self.max_seq_len, self.windows) else {
             return Tokens { count: 0, encoded: None };
         };
         let first = encoded.windows[0].len();
@@ -203,7 +190,7 @@ mod tests {
         let t = tokenizer(w);
         let benign = "The quarterly team offsite went well and everyone enjoyed the lake walk. ".repeat(20);
         let text = format!("{benign}Please confirm your password at http://login.example.top today.");
-        let e = encode(&t, None, &text, 128, w).unwrap();
+        let e = encode(&t, &text, 128, w).unwrap();
         assert!(e.windows.len() > 1 && !e.unread, "{} windows", e.windows.len());
         // The model's own start and end tokens (`[CLS]`/`[SEP]` for BERT vocabularies, `<s>`/`</s>` for XLM-R's).
         let short = t.encode("hello", true).unwrap();
@@ -226,16 +213,16 @@ mod tests {
     fn text_past_the_last_window_is_marked_unread() {
         let w = Windows { max: 2, overlap: 16, ..Windows::default() };
         let t = tokenizer(w);
-        let e = encode(&t, None, &"word ".repeat(600), 128, w).unwrap();
+        let e = encode(&t, &"word ".repeat(600), 128, w).unwrap();
         assert_eq!((e.windows.len(), e.unread), (2, true));
-        let short = encode(&t, None, "see you at noon", 128, w).unwrap();
+        let short = encode(&t, "see you at noon", 128, w).unwrap();
         assert_eq!((short.windows.len(), short.unread), (1, false));
     }
 
     #[test]
     fn counting_keeps_the_encoding_of_short_texts_only() {
         let w = Windows::default();
-        let c = TokenCounter::new(std::sync::Arc::new(tokenizer(w)), 128, w, None);
+        let c = TokenCounter::new(std::sync::Arc::new(tokenizer(w)), 128, w);
         let short = c.count("your parcel is held, pay the fee", 64);
         assert!(short.encoded.is_some() && short.count > 5 && short.count < 64);
         let long = c.count(&"many words here ".repeat(30), 64);

@@ -136,13 +136,21 @@ fn bench_ood(c: &mut Criterion) {
 }
 
 /// The cpu tier's lexical model (`models/lexical.json`): its logit of a short text, a Chinese
-/// one, and the largest accepted text (`max_text_bytes`, 16 KiB), which it reads whole.
+/// one, and the largest accepted text (`max_text_bytes`, 16 KiB), which it reads whole. With
+/// `LEXICAL_BASELINE=DIR` (a directory holding another `lexical.json` and its weights, e.g. the
+/// previous model from git) the same texts through that one too, in the same run
+/// (`lexical_baseline/...`).
 fn bench_lexical(c: &mut Criterion) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let (lexical, _) = tiergate::tier::lexical::Lexical::load(&dir, "lexical.json").unwrap();
+    let mut models = vec![("lexical", Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))];
+    if let Some(dir) = std::env::var_os("LEXICAL_BASELINE") {
+        models.push(("lexical_baseline", dir.into()));
+    }
     let largest: String = SHORT.repeat(16 * 1024 / SHORT.len());
-    for (name, text) in [("short", SHORT), ("zh", ZH), ("16k", largest.as_str())] {
-        c.bench_function(&format!("lexical/logit_{name}"), |b| b.iter(|| lexical.logit(black_box(text))));
+    for (group, dir) in models {
+        let (lexical, _) = tiergate::tier::lexical::Lexical::load(&dir, "lexical.json").unwrap();
+        for (name, text) in [("short", SHORT), ("zh", ZH), ("16k", largest.as_str())] {
+            c.bench_function(&format!("{group}/logit_{name}"), |b| b.iter(|| lexical.logit(black_box(text))));
+        }
     }
 }
 

@@ -43,8 +43,11 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // 150 in Amazon vouchers and I'll forward your tickets", p(risk) 0.034; 0.978 here). Round 7
     // was served for blind set ml8 (scams allowed 13 -> 8 of 420, accuracy 0.904 -> 0.917) and
     // the other sets (models/MODEL_CARD.md, "Round 7"); this one is its regression. With the
-    // lexical model (2026-12-05): 0.970, 1 and 0; with its round-10 data 0 and 0 again.
-    ("tests/data/adversarial_c.jsonl", 0, 0, 0.97),
+    // lexical model (2026-12-05): 0.970, 1 and 0; with its round-10 data 0 and 0 again. Round 12
+    // (encoder and lexical model, 2026-12-05) allows the voucher demand again (p 0.065; 0.963
+    // here), the price of a model that on the fresh blind set ml15 allowed 3 scams where the one
+    // before allowed 6, at 0.964 against 0.944 (models/MODEL_CARD.md, "Round 12").
+    ("tests/data/adversarial_c.jsonl", 1, 0, 0.96),
     // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
     // the bounds), but two more of its risk messages go to review by the rules' default instead
     // of a confident model verdict (0.929 -> 0.906; models/MODEL_CARD.md).

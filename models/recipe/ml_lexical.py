@@ -10,7 +10,7 @@ logit is combined with the encoder's (src/tier/lexical.rs reads what this writes
 Features (the definition src/tier/lexical.rs implements, code point for code point):
 - the text lower-cased (Python str.lower = Rust str::to_lowercase, Unicode's full mappings),
   split on Unicode White_Space; each word padded with one space on each side;
-- its character n-grams, n = 1..4 (scikit-learn's `char_wb` analyzer: a padded word of at most
+- its character n-grams, n = 1..5 (scikit-learn's `char_wb` analyzer: a padded word of at most
   n characters gives itself once and ends that word's n-grams);
 - each n-gram hashed with 64-bit FNV-1a over its UTF-8 bytes, modulo BUCKETS (2^20);
 - per bucket: sublinear tf (1 + ln count) times smoothed idf (ln((1 + n) / (1 + df)) + 1, fitted
@@ -35,8 +35,10 @@ import sys
 
 import numpy as np
 
-BUCKETS = 1 << 20
-MIN_N, MAX_N = 1, 4
+BUCKETS = 1 << int(os.environ.get("LEXICAL_BUCKET_BITS", 20))
+# The served model: n = 1..5, C = 4 (models/MODEL_CARD.md, "Lexical model"); the environment overrides both
+# to measure variants.
+MIN_N, MAX_N = 1, int(os.environ.get("LEXICAL_MAX_N", 5))
 C = float(os.environ.get("LEXICAL_C", 4.0))
 # Unicode White_Space (what Rust's char::is_whitespace reads), not Python's str.split set.
 WS = re.compile("[\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
@@ -50,12 +52,12 @@ def fnv1a(b):
     return h
 
 
-def ngrams(text):
+def ngrams(text, min_n=MIN_N, max_n=MAX_N):
     for w in WS.split(text.lower()):
         if not w:
             continue
         w = " " + w + " "
-        for n in range(MIN_N, MAX_N + 1):
+        for n in range(min_n, max_n + 1):
             for i in range(max(len(w) - n + 1, 1)):
                 yield w[i : i + n]
             if len(w) <= n:  # as scikit-learn: a word no longer than n gives itself, once
@@ -63,15 +65,16 @@ def ngrams(text):
 
 
 class Hasher:
-    def __init__(self):
+    def __init__(self, ngram_range=(MIN_N, MAX_N), buckets=BUCKETS):
         self.cache = {}
+        self.ngram_range, self.buckets = tuple(ngram_range), buckets
 
     def counts(self, text):
         c = {}
-        for g in ngrams(text):
+        for g in ngrams(text, *self.ngram_range):
             b = self.cache.get(g)
             if b is None:
-                b = self.cache[g] = fnv1a(g.encode("utf-8")) % BUCKETS
+                b = self.cache[g] = fnv1a(g.encode("utf-8")) % self.buckets
             c[b] = c.get(b, 0) + 1
         return c
 
@@ -138,8 +141,9 @@ class Lexical:
     def __init__(self, out_dir):
         self.meta = json.load(open(f"{out_dir}/lexical.json"))
         w = np.fromfile(f"{out_dir}/lexical.bin", dtype="<f4").astype(np.float64)
-        self.idf, self.coef = w[:BUCKETS], w[BUCKETS:]
-        self.h = Hasher()
+        n = self.meta["buckets"]
+        self.idf, self.coef = w[:n], w[n:]
+        self.h = Hasher(self.meta["ngram_range"], n)
 
     def logit(self, text):
         c = self.h.counts(text)

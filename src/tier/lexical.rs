@@ -105,7 +105,8 @@ impl Lexical {
     /// The lexical logit of `text` (the intercept for a text without a word). O(characters).
     pub fn logit(&self, text: &str) -> f64 {
         let lower = text.to_lowercase();
-        let mut buckets: Vec<u32> = Vec::with_capacity(4 * lower.len().min(1 << 16));
+        // About one n-gram per character for each n.
+        let mut buckets: Vec<u32> = Vec::with_capacity((self.max_n - self.min_n + 1) * lower.len().min(1 << 16));
         let mut chars: Vec<char> = Vec::with_capacity(32);
         for word in lower.split(char::is_whitespace).filter(|w| !w.is_empty()) {
             chars.clear();

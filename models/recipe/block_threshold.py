@@ -16,7 +16,10 @@ would have stood: action from `block_at`; guards only raise). Prints per file an
 messages blocked (with the Wilson 95 % upper bound, Wilson 1927), risk allowed, review share.
 Chooses the lowest t at which a fresh set of FRESH_OK ordinary messages (420: a blind set's)
 would break issue 26's bar (more than 1 % blocked, i.e. 5 or more) with probability at most 5 %,
-blocks counted as Poisson at the pooled rate. Confirm the choice by measuring the files' sets again
+blocks counted as negative binomial (gamma-Poisson): the pooled rate, and the spread of the rate
+between the files beyond Poisson's by the method of moments (sets written by different people
+differ: `ml17` blocked 6 of 420 where the pooled Poisson rate said 1.8 expected, P 1 %); Poisson
+where the files show no extra spread. Confirm the choice by measuring the files' sets again
 through a server with it.
 """
 
@@ -40,6 +43,30 @@ def wilson_upper(k, n, z=1.96):
 
 def poisson_at_least(k, lam):
     return 1.0 - sum(math.exp(-lam) * lam**i / math.factorial(i) for i in range(k))
+
+
+def rate_spread(counts):
+    """Pooled rate r and between-set variance s2 of the per-set rates beyond Poisson's, by the method
+    of moments for a gamma-Poisson mixture with exposures (k_i blocked of n_i ordinary): r = sum k /
+    sum n; s2 = (sum n_i (k_i/n_i - r)^2 - (N - 1) r) / (N - sum n_i^2 / N), N = sum n_i (the
+    DerSimonian-Laird form for rates); 0 when the sets spread no more than Poisson."""
+    counts = [(k, n) for k, n in counts if n > 0]
+    big_n = sum(n for _, n in counts)
+    r = sum(k for k, _ in counts) / big_n
+    q = sum(n * (k / n - r) ** 2 for k, n in counts)
+    denom = big_n - sum(n * n for _, n in counts) / big_n
+    s2 = (q - (len(counts) - 1) * r) / denom if denom > 0 else 0.0
+    return r, max(s2, 0.0)
+
+
+def negbin_at_least(k, mean, var):
+    """P(K >= k) for a count with this mean and variance >= mean (negative binomial; Poisson at equality)."""
+    if var <= mean * (1 + 1e-9) or mean <= 0:
+        return poisson_at_least(k, mean)
+    size = mean * mean / (var - mean)
+    p = size / (size + mean)
+    pmf = lambda i: math.exp(math.lgamma(i + size) - math.lgamma(size) - math.lgamma(i + 1) + size * math.log(p) + i * math.log1p(-p))
+    return 1.0 - sum(pmf(i) for i in range(k))
 
 
 def action_at(row, t):
@@ -79,7 +106,9 @@ def main():
     for t in [0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90]:
         blocked, n_ok, allowed, review = tally(pooled, t)
         per = "  ".join(f"{b}/{r:.3f}" for b, _, _, r in (tally(rows, t) for rows in sets.values()))
-        p_break = poisson_at_least(breaks, blocked / n_ok * args.fresh_ok)
+        r, s2 = rate_spread([tally(rows, t)[:2] for rows in sets.values()])
+        m = args.fresh_ok
+        p_break = negbin_at_least(breaks, r * m, r * m + s2 * m * m)
         print(f"{t:5.2f} {blocked:>10} / {n_ok:<5} {blocked / n_ok:6.2%} {wilson_upper(blocked, n_ok):9.2%} {p_break:8.3f} {allowed:>12} {review:7.1%}   {per}")
         # Candidates run from the strictest down: the first that breaks the bar ends the choice.
         holds = holds and p_break <= args.risk

@@ -255,18 +255,37 @@ elif cmd == "kd":
             o = list(full[rnd.randrange(len(full))][1:-1]); k = rnd.randint(8, max(8, n // 2))
             c = (o[:k] + c)[:n]
         return [BOS] + c[:n] + [EOS]
+    def served_windows(f):
+        """The windows the server reads of a long text (126 tokens, stride 94 = overlap 32, at most 8), <s>/</s> each."""
+        c, n, stride = f[1:-1], MAX_LEN - 2, MAX_LEN - 2 - 32
+        return [[BOS] + c[o:o + n] + [EOS] for o in range(0, min(max(len(c) - (n - stride), 1), 8 * stride), stride)]
+    TEACHER_ONNX = os.environ.get("TEACHER_ONNX", "")
+    RISK_WINDOW = os.environ.get("RISK_WINDOW", "prepared")
+    if RISK_WINDOW == "riskiest":
+        # Multiple-instance labels (the server lets the riskiest window decide): a long risk text is risky somewhere,
+        # not necessarily in the window ml_prepare.py named (its first, or its last for 'long'/'buried' kinds): a scam
+        # request at the end of a newsletter or group chat would teach "newsletter = risk" from the first window and
+        # never show the request. Its original becomes the served window the teacher (TEACHER_ONNX) scores riskiest.
+        import onnxruntime as ort
+        assert TEACHER_ONNX, "RISK_WINDOW=riskiest needs TEACHER_ONNX to rank the windows"
+        so = ort.SessionOptions(); so.intra_op_num_threads = int(os.environ.get("THREADS", 2))
+        rank = ort.InferenceSession(TEACHER_ONNX, so, providers=["CPUExecutionProvider"])
+        moved = 0; longs = [i for i, (r, f) in enumerate(zip(rows, full)) if r["label"] == 1 and len(f) - 2 > MAX_LEN - 2]
+        for i in longs:
+            ws = served_windows(full[i]); ids, m = pad_batch(ws)
+            lg = rank.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": m.numpy()})[0]
+            best = ws[int(np.argmax(lg[:, 1] - lg[:, 0]))]
+            moved += best != base_enc[i]; base_enc[i] = best
+        print(f"RISK_WINDOW=riskiest: {moved} of {len(longs)} long risk texts now train on another window", flush=True)
+        del rank
     enc = list(base_enc); labels = [r["label"] for r in rows]
     if os.environ.get("OK_WINDOWS", "0") == "1":
         # An ordinary text is ordinary in every window, and the server lets the riskiest window decide: so every
-        # window of a long `ok` text (as served: 126 tokens, stride 94 = overlap 32, at most 8) is an original with
-        # hard label 0, not only the first. Without them a mail that quotes a scam in its third window was never
-        # shown to the model as ok there. A long risk text keeps one window (its scam may be anywhere).
-        n, stride = MAX_LEN - 2, MAX_LEN - 2 - 32
+        # window of a long `ok` text is an original with hard label 0, not only the first. Without them a mail that
+        # quotes a scam in its third window was never shown to the model as ok there.
         for r, f in zip(rows, full):
-            c = f[1:-1]
-            if r["label"] != 0 or len(c) <= n: continue
-            for o in range(stride, min(len(c) - (n - stride), 8 * stride), stride):
-                enc.append([BOS] + c[o:o + n] + [EOS]); labels.append(0)
+            if r["label"] != 0 or len(f) - 2 <= MAX_LEN - 2: continue
+            enc += served_windows(f)[1:]; labels += [0] * (len(served_windows(f)) - 1)
         print(f"OK_WINDOWS: {len(enc) - len(rows)} more windows of long ok texts", flush=True)
     N0 = len(enc)                                       # the originals: hard labels, indexed by themselves
     for i in range(len(rows)):
@@ -274,8 +293,8 @@ elif cmd == "kd":
             enc.append(augment(i)); labels.append(-100)
     origin = list(range(N0)) + [i for i in range(len(rows)) for _ in range(AUG)]
     cache = os.path.join(ckdir, "teacher_logits.pt")
-    TEACHER_ONNX = os.environ.get("TEACHER_ONNX", "")
-    fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc), **({"onnx": TEACHER_ONNX} if TEACHER_ONNX else {})})
+    fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc), **({"onnx": TEACHER_ONNX} if TEACHER_ONNX else {}),
+                      **({"risk_window": RISK_WINDOW} if RISK_WINDOW != "prepared" else {})})
     T = load_state(cache) if os.path.exists(cache) else None
     if T is None or T["fp"] != fp:
         T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}

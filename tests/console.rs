@@ -419,9 +419,18 @@ async fn the_queue_is_oldest_first_and_filtered_by_tenant_scenario_rule_and_lang
     assert_eq!(listed(&server.admin_get(&format!("/admin/review/queue?lang={lang}")).await.json()), in_lang);
     let none = server.admin_get("/admin/review/queue?scenario=payments").await.json();
     assert_eq!((none["waiting"].as_u64(), listed(&none).len()), (Some(0), 0));
-    // The first text is risky enough that the rule `model_leaning_risky` decided it.
-    let by_rule = server.admin_get("/admin/review/queue?rule=model_leaning_risky").await.json();
-    assert_eq!(listed(&by_rule), [ids[0].clone()]);
+    // A text in a language the model does not read goes to the rules whatever the model: here
+    // the rule for a foreign request with a link decides it, and only it is listed under that rule.
+    let foreign = server
+        .decide(
+            "Gratulacje! Wygrałeś bon podarunkowy, odbierz go tutaj: http://bon-nagroda.example/odbierz",
+            "shop-a",
+            Some("triage"),
+        )
+        .await;
+    server.flush().await;
+    let by_rule = server.admin_get("/admin/review/queue?rule=foreign_payment_or_credential_request").await.json();
+    assert_eq!(listed(&by_rule), [foreign["record_id"].as_str().unwrap().to_string()], "{foreign}");
     assert_eq!(server.admin_get("/admin/review/queue?rule=no_such_rule").await.json()["waiting"], 0);
     let bad = server.admin_get("/admin/review/queue?colour=red").await;
     assert_eq!((bad.status.as_u16(), bad.json()["error"]["field"].as_str()), (422, Some("colour")));

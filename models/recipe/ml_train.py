@@ -9,7 +9,9 @@ Usage:
                                                       # a data refresh that distils the served model (corrected by the
                                                       # labels where it is wrong) into itself, with no teacher run;
                                                       # OK_WINDOWS=1: every served window of a long ok text is an
-                                                      # original with label 0 (round 8), not only the first
+                                                      # original with label 0 (round 8), not only the first;
+                                                      # RISK_WINDOW=riskiest: a long risk text trains on the served
+                                                      # window TEACHER_ONNX scores riskiest (round 14)
   ml_train.py eval    DATA_DIR BASE_DIR CKPT_DIR WHAT  # WHAT = teacher | student: per-language validation accuracy of the
                                                       # finished model, or of the latest resume.pt if not finished
 DATA_DIR = ml_prepare.py output (train.jsonl, val.jsonl); BASE_DIR = ml_base.py prune output (pruned encoder + tokenizer).
@@ -285,7 +287,7 @@ elif cmd == "kd":
         # quotes a scam in its third window was never shown to the model as ok there.
         for r, f in zip(rows, full):
             if r["label"] != 0 or len(f) - 2 <= MAX_LEN - 2: continue
-            enc += served_windows(f)[1:]; labels += [0] * (len(served_windows(f)) - 1)
+            more = served_windows(f)[1:]; enc += more; labels += [0] * len(more)
         print(f"OK_WINDOWS: {len(enc) - len(rows)} more windows of long ok texts", flush=True)
     N0 = len(enc)                                       # the originals: hard labels, indexed by themselves
     for i in range(len(rows)):

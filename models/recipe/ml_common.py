@@ -38,6 +38,14 @@ def window_ids(ids, which, max_len=MAX_LEN):
     c, n = ids[1:-1], max_len - 2
     return [BOS] + (c[:n] if which == "first" else c[-n:]) + [EOS]
 
+def served_windows(ids, max_len=MAX_LEN, overlap=32, most=8):
+    """The windows the server reads of ids = <s> c1..cn </s> (config/tiergate.toml [model.windows]: overlap 32, max 8):
+    content starts 0, stride, 2 * stride, ... (stride = max_len - 2 - overlap = 94), each <s> + 126 tokens + </s>, the
+    last reaching the text's end unless `most` windows stop it first. A text of one window or less: [ids]."""
+    c, n = ids[1:-1], max_len - 2
+    stride = n - overlap
+    return [[BOS] + c[o:o + n] + [EOS] for o in range(0, min(max(len(c) - overlap, 1), most * stride), stride)]
+
 def pad_batch(seqs):
     L = max(len(x) for x in seqs)
     ids = torch.full((len(seqs), L), PAD, dtype=torch.long); m = torch.zeros((len(seqs), L), dtype=torch.long)

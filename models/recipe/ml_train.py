@@ -36,8 +36,8 @@ when started again with the same data and settings (fingerprint = sha1 of train.
 import hashlib, json, math, os, random, sys, time
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ml_common import (MLRiskClassifier, student_from_teacher, read_jsonl, tokenizer, window_ids, pad_batch, predict,
-                       per_lang, MAX_LEN, BOS, EOS, DEV, cpu_state, load_state)
+from ml_common import (MLRiskClassifier, student_from_teacher, read_jsonl, tokenizer, window_ids, served_windows,
+                       pad_batch, predict, per_lang, MAX_LEN, BOS, EOS, DEV, cpu_state, load_state)
 
 cmd, data, base, ckpt_root = sys.argv[1:5]
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
@@ -257,10 +257,6 @@ elif cmd == "kd":
             o = list(full[rnd.randrange(len(full))][1:-1]); k = rnd.randint(8, max(8, n // 2))
             c = (o[:k] + c)[:n]
         return [BOS] + c[:n] + [EOS]
-    def served_windows(f):
-        """The windows the server reads of a long text (126 tokens, stride 94 = overlap 32, at most 8), <s>/</s> each."""
-        c, n, stride = f[1:-1], MAX_LEN - 2, MAX_LEN - 2 - 32
-        return [[BOS] + c[o:o + n] + [EOS] for o in range(0, min(max(len(c) - (n - stride), 1), 8 * stride), stride)]
     TEACHER_ONNX = os.environ.get("TEACHER_ONNX", "")
     RISK_WINDOW = os.environ.get("RISK_WINDOW", "prepared")
     if RISK_WINDOW == "riskiest":

@@ -10,7 +10,7 @@ Usage:
 Why: the served student's float checkpoint lives only in a training scratch directory; the ONNX file is what the
 repository keeps. Every weight of it is stored as DequantizeLinear(q, scale, zero_point) of a constant, so
 `(q - zero_point) * scale` gives it back up to its quantisation step (per output channel for the MatMul weights,
-per tensor for biases, LayerNorms and position embeddings). The word-embedding matrix was frozen in training, so its
+per tensor for biases, LayerNorms and position embeddings; a LayerNorm kept in float is its own initialiser). The word-embedding matrix was frozen in training, so its
 exact float rows are taken from the base encoder through the pruned tokenizer's pieces (and checked against the ONNX
 copy). Torch names follow the export: MatMul weights are found through the MatMul node they feed
 (`/encoder/encoder/layer.0/attention/self/query/MatMul` -> `encoder.encoder.layer.0.attention.self.query.weight`,
@@ -66,6 +66,13 @@ for n in g.node:
     elif not (name.startswith("encoder.") or name.startswith("head.")):
         continue                                               # graph constants (GELU's, the attention scale)
     state[name] = torch.from_numpy(np.ascontiguousarray(w))
+# Parameters the quantiser left in float (LayerNorms when ml_finalize.py's LN-float candidate is served) are plain
+# initialisers that carry their torch name.
+for n in g.node:
+    if n.op_type == "LayerNormalization":
+        for name in n.input[1:]:
+            if name in inits and name not in state:
+                state[name] = torch.from_numpy(np.ascontiguousarray(inits[name].astype(np.float32)))
 
 # Word embeddings: the base encoder's exact rows, by piece.
 served_tok = json.load(open(os.path.join(served, meta["tokenizer"]), encoding="utf-8"))

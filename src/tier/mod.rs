@@ -57,3 +57,29 @@ pub struct WindowRef {
     pub index: usize,
     pub of: usize,
 }
+
+/// `fut`'s output if it is ready by `deadline`, else `None` (the caller abandons the model and
+/// rules decide: README, `x-tiergate-deadline-ms`). tokio's `timeout_at` polls the future before
+/// its timer, so a runtime thread that was busy past the deadline would take a late output for an
+/// on-time one; the clock is read again to tell them apart.
+pub(crate) async fn by_deadline<F: std::future::Future>(deadline: tokio::time::Instant, fut: F) -> Option<F::Output> {
+    match tokio::time::timeout_at(deadline, fut).await {
+        Ok(_) if tokio::time::Instant::now() > deadline => None,
+        Ok(out) => Some(out),
+        Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// An output that is ready only after the deadline (the runtime thread was busy meanwhile)
+    /// is late, though tokio's timeout would hand it over; one ready in time passes through.
+    #[tokio::test]
+    async fn an_output_read_after_the_deadline_is_late() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(super::by_deadline(now - Duration::from_millis(1), async { 7 }).await, None);
+        assert_eq!(super::by_deadline(now + Duration::from_secs(10), async { 7 }).await, Some(7));
+    }
+}

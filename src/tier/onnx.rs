@@ -189,21 +189,17 @@ impl OnnxPool {
     }
 }
 
-/// The worker's reply if it comes by `deadline`, else `DeadlineExceeded`: past the deadline the
-/// model is abandoned and rules decide (README, `x-tiergate-deadline-ms`). tokio's `timeout_at`
-/// polls the reply before its timer, so a runtime thread that was busy past the deadline would
-/// take a late reply for an on-time one; the clock is read again to tell them apart.
+/// The worker's reply if it comes by `deadline` (read again after the wait: [`super::by_deadline`]),
+/// else `DeadlineExceeded`.
 async fn reply_by(
     rx: oneshot::Receiver<Result<ModelVerdict, TierError>>,
     deadline: tokio::time::Instant,
     enqueued: Instant,
 ) -> Result<ModelVerdict, TierError> {
-    let late = || TierError::DeadlineExceeded { waited_us: enqueued.elapsed().as_micros() as u64 };
-    match tokio::time::timeout_at(deadline, rx).await {
-        Ok(_) if tokio::time::Instant::now() > deadline => Err(late()),
-        Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(TierError::Inference("the worker dropped the request".into())),
-        Err(_) => Err(late()),
+    match super::by_deadline(deadline, rx).await {
+        Some(Ok(result)) => result,
+        Some(Err(_)) => Err(TierError::Inference("the worker dropped the request".into())),
+        None => Err(TierError::DeadlineExceeded { waited_us: enqueued.elapsed().as_micros() as u64 }),
     }
 }
 
@@ -443,22 +439,6 @@ pub(crate) mod tests {
     fn job(deadline: Instant) -> (Job, oneshot::Receiver<Result<ModelVerdict, TierError>>) {
         let (reply, rx) = oneshot::channel();
         (Job { text: "x".into(), prepared: Prepared::default(), enqueued: Instant::now(), deadline, reply }, rx)
-    }
-
-    /// A reply that is ready only after the deadline (the runtime thread was busy meanwhile) is
-    /// late, though tokio's timeout would hand it over; one ready in time passes through.
-    #[tokio::test]
-    async fn a_reply_read_after_the_deadline_is_late() {
-        let reply = || {
-            let (tx, rx) = oneshot::channel();
-            tx.send(Err(TierError::Inference("the reply".into()))).unwrap();
-            rx
-        };
-        let now = tokio::time::Instant::now();
-        let late = reply_by(reply(), now - Duration::from_millis(1), Instant::now()).await;
-        assert!(matches!(late, Err(TierError::DeadlineExceeded { .. })), "{late:?}");
-        let on_time = reply_by(reply(), now + Duration::from_secs(10), Instant::now()).await;
-        assert!(matches!(on_time, Err(TierError::Inference(ref m)) if m == "the reply"), "{on_time:?}");
     }
 
     #[test]

@@ -82,3 +82,25 @@ fn romanised_hindi_is_hindi_in_latin_letters() {
         assert_ne!(detect(text).code, not, "{text}");
     }
 }
+
+#[test]
+fn a_close_neighbours_guess_is_the_served_language_when_the_letters_or_words_say_so() {
+    use whatlang::Lang as L;
+    let n = super::served_neighbour;
+    // Russian has none of Ukrainian's і ї є ґ; a Ukrainian text keeps its guess.
+    assert_eq!(n("Привет, переведи мне деньги сегодня до вечера", L::Ukr), Some(L::Rus));
+    assert_eq!(n("Привіт, переказ надійшов, дякую за допомогу", L::Ukr), None);
+    // Turkish read as Azerbaijani without ə, or as Uzbek with letters Uzbek does not write.
+    assert_eq!(n("Yarın sabah ödemeyi yapacağım, merak etme", L::Aze), Some(L::Tur));
+    assert_eq!(n("Sabah ödənişi edəcəyəm, narahat olma", L::Aze), None);
+    assert_eq!(n("Yarın şirkete geç gideceğim", L::Uzb), Some(L::Tur));
+    assert_eq!(n("Ertaga toʻlovni qilaman, xavotir olmang", L::Uzb), None);
+    // Hindi words Marathi and Nepali do not use; a Marathi text keeps its guess.
+    assert_eq!(n("मैं कल आऊँगा, अभी समय नहीं है", L::Mar), Some(L::Hin));
+    assert_eq!(n("मी उद्या येईन, आता वेळ नाही आहे", L::Mar), None);
+    // Indonesian read as Tagalog; a Tagalog text keeps its guess.
+    assert_eq!(n("Terima kasih, saya sudah transfer tadi pagi", L::Tgl), Some(L::Ind));
+    assert_eq!(n("Salamat po, nagpadala na ako kaninang umaga", L::Tgl), None);
+    // Other guesses stand.
+    assert_eq!(n("Привет, как дела", L::Bul), None);
+}

@@ -376,18 +376,18 @@ impl UpstreamPool {
             .map_err(|e| TierError::Unavailable(format!("no healthy upstream endpoint ({} ejected)", e.ejected)))?;
         // Serialising a `Value` of strings and numbers cannot fail.
         let body = Bytes::from(serde_json::to_vec(&request_body(prompt, &shared.model, text)).unwrap_or_default());
-        let outcome = tokio::time::timeout_at(deadline, shared.ask(pick.index, body, prompt)).await;
+        let outcome = crate::tier::by_deadline(deadline, shared.ask(pick.index, body, prompt)).await;
         let elapsed = start.elapsed();
         match outcome {
-            Ok(Ok(parsed)) => {
+            Some(Ok(parsed)) => {
                 pick.record(true);
                 Ok(Answer { parsed, endpoint: pick.url().to_string(), elapsed })
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 pick.record(false);
                 Err(e)
             }
-            Err(_) => {
+            None => {
                 pick.record_timeout();
                 Err(TierError::DeadlineExceeded { waited_us: elapsed.as_micros() as u64 })
             }
@@ -466,9 +466,9 @@ impl ModelTier for UpstreamPool {
                 return Err(TierError::Unavailable("the policy has no [prompt] for the upstream backend".into()));
             };
             let started = Instant::now();
-            match tokio::time::timeout_at(deadline, UpstreamPool::classify(self, prompt, &text, deadline)).await {
-                Ok(r) => r,
-                Err(_) => Err(TierError::DeadlineExceeded { waited_us: started.elapsed().as_micros() as u64 }),
+            match crate::tier::by_deadline(deadline, UpstreamPool::classify(self, prompt, &text, deadline)).await {
+                Some(r) => r,
+                None => Err(TierError::DeadlineExceeded { waited_us: started.elapsed().as_micros() as u64 }),
             }
         })
     }

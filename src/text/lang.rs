@@ -337,7 +337,7 @@ const INDONESIAN: &[&str] = &[
 /// How many distinct words of `list` (lower case) `sample` has.
 fn distinct_words(sample: &str, list: &[&str]) -> usize {
     let mut hits: Vec<&str> = Vec::new();
-    for w in sample.split(|c: char| !c.is_alphanumeric() && !is_mark(c)).filter(|w| !w.is_empty()) {
+    for w in sample.split(|c: char| !c.is_alphanumeric() && !is_devanagari(c)).filter(|w| !w.is_empty()) {
         let lower = w.to_lowercase();
         if let Some(&m) = list.iter().find(|&&m| m == lower) {
             if !hits.contains(&m) {
@@ -348,8 +348,9 @@ fn distinct_words(sample: &str, list: &[&str]) -> usize {
     hits.len()
 }
 
-/// Combining marks (Devanagari vowel signs and nukta) are part of a word, though not alphanumeric.
-fn is_mark(c: char) -> bool {
+/// Whether `c` is Devanagari: its vowel signs and nukta are marks, not alphanumeric, but part of a
+/// word ("है" is a letter and a sign); the danda is Common and still splits.
+fn is_devanagari(c: char) -> bool {
     matches!(unicode_script::UnicodeScript::script(&c), unicode_script::Script::Devanagari)
 }
 

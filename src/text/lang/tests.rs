@@ -101,6 +101,14 @@ fn a_close_neighbours_guess_is_the_served_language_when_the_letters_or_words_say
     // Indonesian read as Tagalog; a Tagalog text keeps its guess.
     assert_eq!(n("Terima kasih, saya sudah transfer tadi pagi", L::Tgl), Some(L::Ind));
     assert_eq!(n("Salamat po, nagpadala na ako kaninang umaga", L::Tgl), None);
+    // Chat Indonesian too.
+    assert_eq!(n("Bro gue udah di jalan, macet banget", L::Tgl), Some(L::Ind));
+    // Away from a served language: Ukrainian read as Bulgarian (a neighbour of Russian in the
+    // bundled policy), Marathi or Nepali read as Hindi.
+    assert_eq!(n("Служба безпеки банку: на ваше ім'я оформлюють кредит", L::Bul), Some(L::Ukr));
+    assert_eq!(n("काल आम्ही चित्रपट पाहिला, मला आवडला", L::Hin), Some(L::Mar));
+    assert_eq!(n("बुबा, मेरो फोन हरायो, यो नयाँ नम्बर हो", L::Hin), Some(L::Nep));
+    assert_eq!(n("मैं कल आऊँगा, अभी समय नहीं है", L::Hin), None);
     // Other guesses stand.
     assert_eq!(n("Привет, как дела", L::Bul), None);
 }

@@ -10,9 +10,10 @@ Usage:
 Why: the served student's float checkpoint lives only in a training scratch directory; the ONNX file is what the
 repository keeps. Every weight of it is stored as DequantizeLinear(q, scale, zero_point) of a constant, so
 `(q - zero_point) * scale` gives it back up to its quantisation step (per output channel for the MatMul weights,
-per tensor for biases, LayerNorms and position embeddings; a LayerNorm kept in float is its own initialiser). The word-embedding matrix was frozen in training, so its
-exact float rows are taken from the base encoder through the pruned tokenizer's pieces (and checked against the ONNX
-copy). Torch names follow the export: MatMul weights are found through the MatMul node they feed
+per tensor for biases, LayerNorms and position embeddings; a LayerNorm kept in float is its own initialiser). The
+word-embedding matrix was frozen in training, so its exact float rows are taken from the base encoder through the
+pruned tokenizer's pieces (and checked against the ONNX copy). Torch names follow the export: MatMul weights are
+found through the MatMul node they feed
 (`/encoder/encoder/layer.0/attention/self/query/MatMul` -> `encoder.encoder.layer.0.attention.self.query.weight`,
 transposed back to torch's [out, in]); everything else carries its parameter name.
 

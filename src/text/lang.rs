@@ -165,10 +165,11 @@ fn detect_window(window: &str) -> Language {
             elsewhere: None,
         };
     }
-    let lang = served_neighbour(sample, info.lang()).unwrap_or(info.lang());
     let reliable = enough && (info.confidence() >= MIN_CONFIDENCE || beats_english(sample, info.lang()));
+    // A neighbour's evidence only matters for a guess that is used.
+    let code = || served_neighbour(sample, info.lang()).unwrap_or(info.lang()).code();
     Language {
-        code: if reliable { lang.code() } else { "und" },
+        code: if reliable { code() } else { "und" },
         guess: info.lang().code(),
         script: iso15924(info.script()),
         confidence: info.confidence(),
@@ -286,19 +287,28 @@ const HINDI_LATN: &[&str] = &[
 /// [`HINDI_LATN`], making up a fifth of its words or more. English chat with a Hindi word or two
 /// ("thanks bhai, see you kal") stays English.
 fn romanised_hindi(sample: &str) -> bool {
+    let (words, hits) = listed_words(sample, HINDI_LATN);
+    hits.len() >= 3 && hits.iter().map(|&(_, n)| n).sum::<usize>() * 5 >= words
+}
+
+/// The words of `sample` (split at anything that is neither alphanumeric nor Devanagari, whose
+/// vowel signs are marks but part of a word; the danda is Common and still splits), and each word
+/// of `list` it has (lower case) with how often.
+fn listed_words<'a>(sample: &str, list: &[&'a str]) -> (usize, Vec<(&'a str, usize)>) {
+    let devanagari = |c: char| unicode_script::UnicodeScript::script(&c) == unicode_script::Script::Devanagari;
     let mut words = 0usize;
-    let mut hits: Vec<&str> = Vec::new();
-    for w in sample.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+    let mut hits: Vec<(&str, usize)> = Vec::new();
+    for w in sample.split(|c: char| !c.is_alphanumeric() && !devanagari(c)).filter(|w| !w.is_empty()) {
         words += 1;
         let lower = w.to_lowercase();
-        if let Some(&m) = HINDI_LATN.iter().find(|&&m| m == lower) {
-            hits.push(m);
+        if let Some(&m) = list.iter().find(|&&m| m == lower) {
+            match hits.iter_mut().find(|(h, _)| *h == m) {
+                Some((_, n)) => *n += 1,
+                None => hits.push((m, 1)),
+            }
         }
     }
-    let share = hits.len() * 5 >= words;
-    hits.sort_unstable();
-    hits.dedup();
-    hits.len() >= 3 && share
+    (words, hits)
 }
 
 /// The language a guess of a close neighbour really is, when the sample carries the evidence
@@ -319,16 +329,19 @@ fn romanised_hindi(sample: &str) -> bool {
 fn served_neighbour(sample: &str, guess: whatlang::Lang) -> Option<whatlang::Lang> {
     use whatlang::Lang as L;
     let has = |letters: &str| sample.chars().any(|c| letters.contains(c));
-    let words = |list: &[&str]| distinct_words(sample, list);
+    let distinct = |list: &[&str]| listed_words(sample, list).1.len();
     match guess {
         L::Ukr | L::Bel if !has("іїєґўІЇЄҐЎ") => Some(L::Rus),
         L::Bul if has("іїєґІЇЄҐ") => Some(L::Ukr),
         L::Aze if !has("əƏ") => Some(L::Tur),
         L::Uzb if has("ığşçİĞŞÇ") => Some(L::Tur),
-        L::Mar | L::Nep if words(HINDI_DEVA) >= 2 => Some(L::Hin),
-        L::Hin if words(MARATHI) >= 2 && words(MARATHI) > words(HINDI_DEVA) => Some(L::Mar),
-        L::Hin if words(NEPALI) >= 2 && words(NEPALI) > words(HINDI_DEVA) => Some(L::Nep),
-        L::Tgl if words(INDONESIAN) >= 2 => Some(L::Ind),
+        L::Mar | L::Nep if distinct(HINDI_DEVA) >= 2 => Some(L::Hin),
+        L::Hin => {
+            let (hindi, marathi, nepali) = (distinct(HINDI_DEVA), distinct(MARATHI), distinct(NEPALI));
+            let own = |n: usize| n >= 2 && n > hindi;
+            (own(marathi) && marathi >= nepali).then_some(L::Mar).or_else(|| own(nepali).then_some(L::Nep))
+        }
+        L::Tgl if distinct(INDONESIAN) >= 2 => Some(L::Ind),
         _ => None,
     }
 }
@@ -350,26 +363,6 @@ const INDONESIAN: &[&str] = &[
     "yang", "tidak", "saya", "sudah", "untuk", "dengan", "bisa", "kami", "terima", "kasih", "mohon", "anda", "akan",
     "dari", "belum", "sekarang", "udah", "udh", "gue", "gw", "nggak", "gak", "aja", "banget", "kalo", "yg",
 ];
-
-/// How many distinct words of `list` (lower case) `sample` has.
-fn distinct_words(sample: &str, list: &[&str]) -> usize {
-    let mut hits: Vec<&str> = Vec::new();
-    for w in sample.split(|c: char| !c.is_alphanumeric() && !is_devanagari(c)).filter(|w| !w.is_empty()) {
-        let lower = w.to_lowercase();
-        if let Some(&m) = list.iter().find(|&&m| m == lower) {
-            if !hits.contains(&m) {
-                hits.push(m);
-            }
-        }
-    }
-    hits.len()
-}
-
-/// Whether `c` is Devanagari: its vowel signs and nukta are marks, not alphanumeric, but part of a
-/// word ("है" is a letter and a sign); the danda is Common and still splits.
-fn is_devanagari(c: char) -> bool {
-    matches!(unicode_script::UnicodeScript::script(&c), unicode_script::Script::Devanagari)
-}
 
 /// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.
 fn beats_english(sample: &str, lang: whatlang::Lang) -> bool {

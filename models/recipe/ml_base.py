@@ -14,6 +14,9 @@ Commands (run under `nice -n 19`, 2 threads):
   ml_base.py prune  OUT TRAIN.jsonl VAL.jsonl [TARGET]
                                               vocabulary pruning -> OUT/base_pruned (tokenizer.json rewritten, Unigram
                                               scores kept, ids remapped; embedding rows selected); segmentation check
+  ml_base.py to_vocab OUT TOKENIZER.json     the base encoder cut to an existing pruned vocabulary (the served model's
+                                              tokenizer.json) -> OUT/base_pruned: a teacher trained on it shares the
+                                              served tokenizer (round 16's second opinion, recipe README)
 Results are written as JSON next to the models (OUT/base/verify.json, OUT/base_pruned/prune.json).
 """
 import ctypes, glob, json, os, struct, subprocess, sys, time, unicodedata
@@ -367,6 +370,28 @@ def cmd_prune(out, train_path, val_path, target=None):
     print(json.dumps(R, indent=1), flush=True)
 
 
+def cmd_to_vocab(out, tokenizer_json):
+    """OUT/base's encoder with its word-embedding rows picked, by piece, for the vocabulary of TOKENIZER_JSON (every
+    piece must be in the base vocabulary: a tokenizer `prune` wrote) -> OUT/base_pruned (config, tokenizer, weights)."""
+    import shutil
+    import torch
+    from safetensors.torch import load_file, save_file
+    base = os.path.join(out, "base"); dst = os.path.join(out, "base_pruned"); os.makedirs(dst, exist_ok=True)
+    pieces = [p for p, _ in json.load(open(tokenizer_json, encoding="utf-8"))["model"]["vocab"]]
+    base_ids = {p: i for i, (p, _) in enumerate(json.load(open(os.path.join(base, "tokenizer.json"), encoding="utf-8"))["model"]["vocab"])}
+    missing = [p for p in pieces if p not in base_ids]
+    if missing:
+        sys.exit(f"{len(missing)} pieces of {tokenizer_json} are not in the base vocabulary (first: {missing[:5]})")
+    rows = torch.tensor([base_ids[p] for p in pieces])
+    weights = {k: (v[rows] if k.endswith("word_embeddings.weight") else v).contiguous()
+               for k, v in load_file(os.path.join(base, "model.safetensors")).items()}
+    save_file(weights, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.load(open(os.path.join(base, "config.json"))); cfg["vocab_size"] = len(pieces)
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    shutil.copyfile(tokenizer_json, os.path.join(dst, "tokenizer.json"))
+    print(f"base encoder cut to {len(pieces)} pieces -> {dst}", flush=True)
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"build": cmd_build, "prune": cmd_prune}[cmd](*args)
+    {"build": cmd_build, "prune": cmd_prune, "to_vocab": cmd_to_vocab}[cmd](*args)

@@ -54,6 +54,20 @@ async fn look_alike_characters_of_every_kind_are_seen_through() {
 }
 
 #[tokio::test]
+async fn letters_split_apart_are_read_joined() {
+    let text =
+        "Mum I lost my phone, this is my new number. Please send me 500 pounds today for rent, I will pay you back.";
+    let joined = decide(text, json!({})).await;
+    for sep in ['|', '_', '.', '/', '~'] {
+        let split = text.chars().map(String::from).collect::<Vec<_>>().join(&sep.to_string());
+        let d = decide(&split, json!({})).await;
+        // The model reads the joined text: the same verdict as the plain text, never an allow.
+        assert_eq!(d["path"][0]["risk_score"], joined["path"][0]["risk_score"], "{sep:?}: {d}");
+        assert_ne!(d["action"], "allow", "{sep:?}: {d}");
+    }
+}
+
+#[tokio::test]
 async fn defanged_links_count_as_links() {
     let d = decide(
         "Urgent: your mailbox is suspended. Re-enter your password at hxxps://mail-verify[.]top/login",
@@ -68,8 +82,11 @@ async fn defanged_links_count_as_links() {
 
 #[tokio::test]
 async fn other_languages_never_get_a_cpu_verdict() {
-    // Languages outside the bundled model's `model_languages` (Dutch, Polish, Czech).
+    // Languages outside the bundled model's `model_languages` (Dutch, Polish, Czech; Swahili and
+    // Hausa, which whatlang reads as Javanese, the guess it also gives informal Indonesian).
     for text in [
+        "Habari, hii ni namba yangu mpya. Nitumie elfu hamsini leo tafadhali, nitakurudishia kesho.",
+        "Sannu, wannan sabuwar lambata ce. Aiko min kudi yanzu.",
         "Uw pakket ligt klaar in ons depot. Betaal de verzendkosten van 1,99 euro hier: https://pakket-volgen.example.top",
         "Cześć Marto, zjemy razem obiad w czwartek? Czekam na ciebie o drugiej w naszej ulubionej restauracji.",
         "Vážený zákazníku, váš účet byl zablokován. Potvrďte prosím své údaje okamžitě na http://banka.example.top",

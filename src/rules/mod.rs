@@ -18,7 +18,8 @@
 //! - `lang`: the text's language, ISO 639-3 (`"eng"`, `"fra"`, ...), `"und"` when unsure;
 //! - `obfuscation`: map of what canonicalisation undid (int counts): `invisible_chars`,
 //!   `smuggled_chars` (invisible characters that carried decoded text), `mixed_script_words`, `confusable_chars`, `defanged_links`, `html_entities`,
-//!   `padded_han_chars` (Chinese characters padded apart with spaces or symbols, joined again);
+//!   `padded_han_chars` (Chinese characters padded apart with spaces or symbols, joined again),
+//!   `split_chars` (characters split apart by one separator each, `s|e|n|d`, joined again);
 //! - `model`: map with `available` (bool) and, when a model answered, `risk_score`,
 //!   `confidence`, `ood_score` (double) — the unsure verdict that sent the request here;
 //! - `features_model`: map with `available` (bool) and, when the features model scored the
@@ -318,6 +319,7 @@ fn context<'a>(env: &Arc<Env>, input: &RulesInput<'a>, vars: Vars) -> Context<'a
             ("defanged_links", Value::Int(o.defanged_links as i64)),
             ("html_entities", Value::Int(o.html_entities as i64)),
             ("padded_han_chars", Value::Int(o.padded_han_chars as i64)),
+            ("split_chars", Value::Int(o.split_chars as i64)),
         ])
     });
     bind("model", &|| {

@@ -24,13 +24,16 @@
 //!    Brackets anywhere else (prose such as `see [1] (a)`) are left alone.
 //! 6. **Padded Han characters** joined (`han.rs`): three or more single Chinese characters each
 //!    padded apart with spaces or symbols (`加 微 信`, `刷*单`) read as the word they spell.
+//! 7. **Split letters** joined (`split.rs`): eight or more single characters, six of them letters,
+//!    alternating with one and the same separator (`M|u|m| |I`, `p.a.s.s.w.o.r.d`) read as the
+//!    text they spell.
 //!
 //! The result is idempotent: `canonicalize(&canonicalize(x).text).text == canonicalize(x).text`
 //! for every input that settles within [`MAX_ROUNDS`] rounds (anything but deliberately nested
 //! encodings deeper than that).
 //!
-//! Plain printable ASCII without `&`, without a defanged scheme and without a bracketed marker
-//! takes a fast path: one copy of the text and a table-driven skeleton, no Unicode work.
+//! Plain printable ASCII without `&`, without a defanged scheme, without a bracketed marker and
+//! without a separator recurring every other character takes a fast path: one copy of the text and a table-driven skeleton, no Unicode work.
 
 use serde::Serialize;
 use std::borrow::Cow;
@@ -44,6 +47,7 @@ use unicode_segmentation::UnicodeSegmentation;
 use super::defang::{bracket_marker, defanged_scheme, restore_defanged};
 use super::han::join_padded;
 use super::invisible::strip_invisible;
+use super::split::{join_split, may_hold_split_run};
 
 /// Most rounds of the pipeline [`canonicalize`] runs. Another round runs only while the previous
 /// one changed a text that is not plain ASCII by then; it usually confirms that nothing is left,
@@ -103,6 +107,9 @@ pub struct Obfuscation {
     pub html_entities: usize,
     /// Han characters that stood padded apart (`加 微 信`: three) and were joined.
     pub padded_han_chars: usize,
+    /// Characters that stood split apart, one separator between each (`s|e|n|d`: four), and
+    /// were joined.
+    pub split_chars: usize,
     /// Whether [`Canonical::text`] differs from the original text.
     pub changed: bool,
 }
@@ -193,6 +200,10 @@ fn round(s: &str, obfuscation: &mut Obfuscation, unfolded: &mut usize) -> Option
         obfuscation.padded_han_chars += joined;
         text = Cow::Owned(next);
     }
+    if let Some((next, joined)) = join_split(&text) {
+        obfuscation.split_chars += joined;
+        text = Cow::Owned(next);
+    }
     match text {
         Cow::Borrowed(_) => None,
         Cow::Owned(next) => Some(next),
@@ -200,8 +211,8 @@ fn round(s: &str, obfuscation: &mut Obfuscation, unfolded: &mut usize) -> Option
 }
 
 /// Whether `s` may need anything beyond a copy: false only for printable ASCII (plus ASCII white
-/// space) with no `&`, no defanged scheme and no bracketed marker. Conservative: true does not
-/// mean a round will change something.
+/// space) with no `&`, no defanged scheme, no bracketed marker and no split run. Conservative:
+/// true does not mean a round will change something.
 fn needs_work(s: &str) -> bool {
     let b = s.as_bytes();
     b.iter().enumerate().any(|(i, &c)| match c {
@@ -211,7 +222,7 @@ fn needs_work(s: &str) -> bool {
         b'[' | b'(' | b'{' => bracket_marker(&b[i..]).is_some(),
         b'h' | b'H' | b'f' | b'F' => defanged_scheme(&b[i..]).is_some(),
         _ => false,
-    })
+    }) || may_hold_split_run(b)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -167,7 +167,7 @@ fn detect_window(window: &str) -> Language {
     }
     let reliable = enough && (info.confidence() >= MIN_CONFIDENCE || beats_english(sample, info.lang()));
     // A neighbour's evidence only matters for a guess that is used.
-    let code = || served_neighbour(sample, info.lang()).unwrap_or(info.lang()).code();
+    let code = || served_neighbour(sample, info.lang()).unwrap_or(info.lang().code());
     Language {
         code: if reliable { code() } else { "und" },
         guess: info.lang().code(),
@@ -311,39 +311,59 @@ fn listed_words<'a>(sample: &str, list: &[&'a str]) -> (usize, Vec<(&'a str, usi
     (words, hits)
 }
 
-/// The language a guess of a close neighbour really is, when the sample carries the evidence
-/// whatlang's trigrams miss on short chat. Towards a served language: Russian read as Ukrainian
-/// or Belarusian without a letter only those write (і ї є ґ ў), Turkish read as Azerbaijani
-/// without its ə, or as Uzbek with letters Uzbek's Latin alphabet lacks (ı ğ ş ç), Hindi read as
-/// Marathi or Nepali with two or more Hindi-only words ([`HINDI_DEVA`]), Indonesian read as
-/// Tagalog with two or more Indonesian-only words ([`INDONESIAN`]). Away from one, so that a text
-/// truly in the neighbour is not read by a model never measured on it: Ukrainian read as Bulgarian
-/// (the bundled policy reads `bul` as Russian) with Ukrainian letters, Marathi or Nepali read as
-/// Hindi with two or more of their own words ([`MARATHI`], [`NEPALI`]) and fewer Hindi-only ones.
+/// The language (ISO 639-3) a guess of a close neighbour really is, when the sample carries the
+/// evidence whatlang's trigrams miss on short chat. Towards a served language: Russian read as
+/// Ukrainian or Belarusian without a letter only those write (і ї є ґ ў), Turkish read as
+/// Azerbaijani without its ə, or as Uzbek with letters Uzbek's Latin alphabet lacks (ı ğ ş ç),
+/// Hindi read as Marathi or Nepali with two or more Hindi-only words ([`HINDI_DEVA`]), Indonesian
+/// read as Tagalog or Javanese with two or more Indonesian-only words ([`INDONESIAN`]). Away from
+/// one, so that a text truly in the neighbour is not read by a model never measured on it:
+/// Ukrainian read as Bulgarian (the bundled policy reads `bul` as Russian) with Ukrainian letters,
+/// Marathi or Nepali read as Hindi with two or more of their own words ([`MARATHI`], [`NEPALI`])
+/// and fewer Hindi-only ones, and Swahili or Hausa (languages whatlang lacks: it reads them as
+/// Javanese, which the bundled policy reads as Indonesian for informal Indonesian chat) with two
+/// or more of their own words ([`SWAHILI`], [`HAUSA`]) and fewer Indonesian ones: a new-user probe
+/// sent a Swahili "new number, send me money" through as Indonesian to a confident allow.
 /// On the spent blind sets `ml6`-`ml18` the gate sent 73 messages in a served language to review,
 /// 19 of them Russian read as Ukrainian; with this, 47 (none Russian; the rest is chat without the
 /// evidence: Turkish typed without its letters, Hindi without these words). A probe of 120 texts in
 /// the served languages and their neighbours found 6 going the wrong way before the evidence away
 /// from a served language was added, 2 after (a Marathi text without these words, read as Hindi;
 /// Uzbek read as Javanese, which the bundled policy reads as Indonesian). `None`: the guess stands.
-fn served_neighbour(sample: &str, guess: whatlang::Lang) -> Option<whatlang::Lang> {
+fn served_neighbour(sample: &str, guess: whatlang::Lang) -> Option<&'static str> {
     use whatlang::Lang as L;
     let has = |letters: &str| sample.chars().any(|c| letters.contains(c));
     let distinct = |list: &[&str]| listed_words(sample, list).1.len();
-    match guess {
-        L::Ukr | L::Bel if !has("іїєґўІЇЄҐЎ") => Some(L::Rus),
-        L::Bul if has("іїєґІЇЄҐ") => Some(L::Ukr),
-        L::Aze if !has("əƏ") => Some(L::Tur),
-        L::Uzb if has("ığşçİĞŞÇ") => Some(L::Tur),
-        L::Mar | L::Nep if distinct(HINDI_DEVA) >= 2 => Some(L::Hin),
+    let lang = match guess {
+        L::Ukr | L::Bel if !has("іїєґўІЇЄҐЎ") => L::Rus,
+        L::Bul if has("іїєґІЇЄҐ") => L::Ukr,
+        L::Aze if !has("əƏ") => L::Tur,
+        L::Uzb if has("ığşçİĞŞÇ") => L::Tur,
+        L::Mar | L::Nep if distinct(HINDI_DEVA) >= 2 => L::Hin,
         L::Hin => {
             let (hindi, marathi, nepali) = (distinct(HINDI_DEVA), distinct(MARATHI), distinct(NEPALI));
             let own = |n: usize| n >= 2 && n > hindi;
-            (own(marathi) && marathi >= nepali).then_some(L::Mar).or_else(|| own(nepali).then_some(L::Nep))
+            (own(marathi) && marathi >= nepali).then_some(L::Mar).or_else(|| own(nepali).then_some(L::Nep))?
         }
-        L::Tgl if distinct(INDONESIAN) >= 2 => Some(L::Ind),
-        _ => None,
-    }
+        L::Jav | L::Tgl | L::Ind => {
+            // whatlang has no Swahili or Hausa and reads them as Javanese, which the bundled
+            // policy reads as Indonesian (`jav = "ind"`, for informal Indonesian chat).
+            let indonesian = distinct(INDONESIAN);
+            let own = |n: usize| n >= 2 && n > indonesian;
+            if own(distinct(SWAHILI)) {
+                return Some("swa");
+            }
+            if own(distinct(HAUSA)) {
+                return Some("hau");
+            }
+            if guess == L::Ind || indonesian < 2 {
+                return None;
+            }
+            L::Ind
+        }
+        _ => return None,
+    };
+    Some(lang.code())
 }
 
 /// Hindi words in Devanagari that Marathi and Nepali do not use (their forms: आहे, छ; नाही, छैन;
@@ -357,11 +377,23 @@ const MARATHI: &[&str] = &["आहे", "आहेत", "नाही", "का�
 /// Nepali words that Hindi does not use (its forms: है, मेरा, तुम, आप, हुआ, भी, नया).
 const NEPALI: &[&str] = &["छ", "छन्", "छैन", "हुन्छ", "मेरो", "तिमी", "तपाईं", "तपाईंको", "हजुर", "भयो", "पनि", "नयाँ"];
 
+/// Swahili words that Indonesian, Javanese and Tagalog do not use (theirs: ini, saya, tolong,
+/// uang, besok, sekarang, baru, nomor).
+const SWAHILI: &[&str] = &[
+    "hii", "yangu", "yako", "leo", "kesho", "sasa", "pesa", "nitumie", "tuma", "habari", "asante", "mimi", "wewe",
+    "namba", "mpya", "kwa", "akaunti", "haraka",
+];
+
+/// Hausa words that Indonesian, Javanese and Tagalog do not use.
+const HAUSA: &[&str] =
+    &["sannu", "wannan", "kudi", "yanzu", "aiko", "sabuwar", "nagode", "gobe", "yau", "kuma", "lambar"];
+
 /// Indonesian words, formal and chat, that Tagalog does not use (its forms: ang, hindi, ako, na,
 /// para sa, kasama, wala).
 const INDONESIAN: &[&str] = &[
     "yang", "tidak", "saya", "sudah", "untuk", "dengan", "bisa", "kami", "terima", "kasih", "mohon", "anda", "akan",
-    "dari", "belum", "sekarang", "udah", "udh", "gue", "gw", "nggak", "gak", "aja", "banget", "kalo", "yg",
+    "dari", "belum", "sekarang", "udah", "udh", "gue", "gw", "nggak", "gak", "aja", "banget", "kalo", "yg", "ini",
+    "itu", "ada", "dan", "juga", "kamu", "apa", "karena", "tolong", "harus", "sih", "dong", "kok",
 ];
 
 /// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.

@@ -572,3 +572,15 @@ fn long_text_is_sampled_at_a_char_boundary() {
     let l = detect(&long); // must not panic on the multi-byte cut
     assert_eq!(l.script, "Latn");
 }
+
+#[test]
+fn letters_split_apart_are_joined_and_counted() {
+    let c = canon("Your p|a|s|s|w|o|r|d expires: confirm it at http://example.top");
+    assert_eq!(c.text, "Your password expires: confirm it at http://example.top");
+    assert_eq!(c.obfuscation.split_chars, 8);
+    assert!(c.obfuscation.changed);
+    assert_idempotent("M|u|m| |I| |l|o|s|t| |m|y| |p|h|o|n|e");
+    let plain = canon("Meeting on 2026-12-06 at 10:30, room B-2.");
+    assert_eq!(plain.obfuscation.split_chars, 0);
+    assert!(!plain.obfuscation.changed);
+}

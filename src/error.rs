@@ -26,6 +26,10 @@ pub enum ApiError {
     /// 415: anything but `application/json`.
     #[error("content-type must be application/json, got `{got}`")]
     UnsupportedMediaType { got: String },
+    /// 415: a content coding (`content-encoding: gzip`, ...) on a body tiergate must read: it
+    /// reads bodies as sent (RFC 9110 §15.5.16 names 415 for an unsupported coding).
+    #[error("content-encoding `{got}` is not supported; send the body unencoded")]
+    UnsupportedEncoding { got: String },
     /// 422: the JSON is well-formed but a field is missing, of the wrong type or out of range.
     #[error("{message}")]
     InvalidField { field: String, message: String },
@@ -123,7 +127,9 @@ impl ApiError {
             ApiError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UnsupportedMediaType { .. } | ApiError::UnsupportedEncoding { .. } => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             ApiError::InvalidField { .. } | ApiError::PolicyInvalid { .. } | ApiError::UnknownScenario { .. } => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -144,6 +150,7 @@ impl ApiError {
             ApiError::BodyRead(_) => "body_unreadable",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
+            ApiError::UnsupportedEncoding { .. } => "unsupported_content_encoding",
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::UnknownScenario { .. } => "unknown_scenario",
             ApiError::NotFound { .. } => "not_found",
@@ -172,6 +179,7 @@ impl ApiError {
             ApiError::InvalidField { field, .. } => Some(field),
             ApiError::PayloadTooLarge { .. } => Some("body"),
             ApiError::UnsupportedMediaType { .. } => Some("content-type"),
+            ApiError::UnsupportedEncoding { .. } => Some("content-encoding"),
             ApiError::RateLimited { .. } => Some("tenant"),
             ApiError::UnknownScenario { .. } => Some("scenario"),
             ApiError::RepeatedHeader { header, .. } => Some(header),
@@ -200,6 +208,7 @@ impl ApiError {
             | ApiError::BodyRead(_)
             | ApiError::PayloadTooLarge { .. }
             | ApiError::UnsupportedMediaType { .. }
+            | ApiError::UnsupportedEncoding { .. }
             | ApiError::InvalidField { .. }
             | ApiError::UnknownScenario { .. }
             | ApiError::Timeout { .. }
@@ -304,6 +313,7 @@ mod tests {
             ApiError::BodyRead("reset".into()),
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::UnsupportedMediaType { got: "text/plain".into() },
+            ApiError::UnsupportedEncoding { got: "gzip".into() },
             ApiError::invalid("text", "`text` must be at most 1 bytes"),
             ApiError::invalid("x-client-tenant", "must be ASCII"),
             ApiError::UnknownScenario { name: "x".into(), known: vec![] },

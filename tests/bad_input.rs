@@ -113,6 +113,27 @@ async fn wrong_content_type_is_415() {
 }
 
 #[tokio::test]
+async fn an_encoded_or_doubly_typed_body_is_refused_naming_the_header() {
+    let addr = default_server();
+    // A gzip body would read as malformed JSON; a plain one labelled gzip would be one thing to
+    // tiergate and another to an app that decodes it.
+    let gzip = vec![0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 0x03, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    for body in [gzip, br#"{"text":"hi"}"#.to_vec()] {
+        let r = send(addr, "POST", "/v1/classify", &[JSON, ("content-encoding", "gzip")], body).await;
+        assert_eq!(r.status, 415);
+        let e = error_of(&r);
+        assert_eq!(e["code"], "unsupported_content_encoding");
+        assert_eq!(e["field"], "content-encoding");
+    }
+    let r = send(addr, "POST", "/v1/classify", &[JSON, ("content-encoding", "identity")], r#"{"text":"hi"}"#).await;
+    assert_eq!(r.status, 200);
+    let r = send(addr, "POST", "/v1/classify", &[JSON, ("content-type", "text/plain")], r#"{"text":"hi"}"#).await;
+    assert_eq!(r.status, 400);
+    let e = error_of(&r);
+    assert_eq!((e["code"].as_str(), e["field"].as_str()), (Some("repeated_header"), Some("content-type")));
+}
+
+#[tokio::test]
 async fn bad_deadline_header_is_422() {
     let r =
         send(default_server(), "POST", "/v1/classify", &[JSON, ("x-tiergate-deadline-ms", "soon")], r#"{"text":"hi"}"#)

@@ -32,8 +32,23 @@ where
     }
 }
 
-/// Checks that the content type is JSON (`application/json`, parameters such as charset allowed).
+/// Checks that the body is JSON as sent: one `content-type`, `application/json` (parameters such
+/// as charset allowed), and no content coding but `identity`.
+///
+/// Errors: `RepeatedHeader` (two content types: which one describes the body?),
+/// `UnsupportedMediaType`, `UnsupportedEncoding` (a gzip body would otherwise read as malformed
+/// JSON, and a plain one labelled gzip as something the app would decode differently).
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let count = headers.get_all(header::CONTENT_TYPE).iter().count();
+    if count > 1 {
+        return Err(ApiError::RepeatedHeader { header: "content-type".into(), count });
+    }
+    let codings = headers.get_all(header::CONTENT_ENCODING).iter().flat_map(|v| {
+        String::from_utf8_lossy(v.as_bytes()).split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>()
+    });
+    if let Some(got) = codings.filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity")).next() {
+        return Err(ApiError::UnsupportedEncoding { got });
+    }
     let got = headers
         .get(header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())

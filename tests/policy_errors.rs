@@ -102,3 +102,15 @@ fn a_language_neighbour_must_stand_for_a_served_language() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("reads `pol` as `ces`, which is not in model_languages (eng, cmn,"), "{err}");
 }
+
+#[test]
+fn a_file_that_does_not_parse_is_reported_alone() {
+    // The bundled guards read signals that rules.toml defines: a syntax error there used to come
+    // with one "unknown signal" problem per guard condition, burying it (42 problems for one).
+    let dir = policies_with_rules("parse", "[signals.link\npatterns = ['https?://\\S+']\n");
+    std::fs::copy(repo().join("policies/guards.toml"), dir.join("guards.toml")).unwrap();
+    let (code, err) = check_policy(&dir);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("1 problem(s)") && err.contains("rules.toml"), "{err}");
+    assert!(!err.contains("unknown signal"), "{err}");
+}

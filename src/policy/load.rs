@@ -131,16 +131,16 @@ impl Merged {
 }
 
 impl Merged {
-    /// Pushes a problem for every required section missing (unless a file failed to parse),
-    /// every value out of range and every inconsistent pair, in section order.
-    pub(super) fn check(&self, dir: &Path, parse_failed: bool, problems: &mut Vec<PolicyProblem>) {
+    /// Pushes a problem for every required section missing, every value out of range and every
+    /// inconsistent pair, in section order. Called only when every file parsed.
+    pub(super) fn check(&self, dir: &Path, problems: &mut Vec<PolicyProblem>) {
         let required = [
             ("[actions]", self.actions.is_none()),
             ("[cascade]", self.cascade.is_none()),
             ("[default]", self.default.is_none()),
         ];
         for (what, missing) in required {
-            if missing && !parse_failed {
+            if missing {
                 problems.push(PolicyProblem::in_file(dir, None, format!("no file defines {what}")));
             }
         }

@@ -156,6 +156,7 @@ impl Policy {
         let mut problems = Vec::new();
         let mut hasher = Sha256::new();
         let mut merged = Merged::default();
+        let mut parse_failed = false;
         for (path, text) in files {
             hasher.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
             hasher.update([0]);
@@ -163,13 +164,20 @@ impl Policy {
             hasher.update([0]);
             match toml::from_str::<PolicyFile>(text) {
                 Ok(file) => merged.add(path, text, file, &mut problems),
-                Err(e) => problems.push(PolicyProblem::in_file(path, None, one_line(&e.to_string()))),
+                Err(e) => {
+                    parse_failed = true;
+                    problems.push(PolicyProblem::in_file(path, None, one_line(&e.to_string())))
+                }
             }
         }
         let version = format!("{:x}", hasher.finalize())[..12].to_string();
-        // After a file failed to parse, its sections are missing for that reason alone.
-        let parse_failed = !problems.is_empty();
-        merged.check(dir, parse_failed, &mut problems);
+        // After a file failed to parse, its sections, signals and rules are missing for that
+        // reason alone: checking the rest would bury the one real problem under its echoes (a
+        // typo in rules.toml made every guard's signals "unknown": 42 problems for one).
+        if parse_failed {
+            return Err(PolicyError(problems));
+        }
+        merged.check(dir, &mut problems);
         merged.build(version, dir, limits, problems)
     }
 

@@ -29,6 +29,8 @@ pub struct ReloadStatus {
     pub loaded_at_unix: f64,
     /// The last refused reload's problems, until a reload succeeds.
     pub last_error: Option<Vec<String>>,
+    /// When a reload was last refused, seconds since the Unix epoch; kept after a later reload
+    /// succeeds (`last_error` is cleared then), so a refusal since start stays visible.
     pub last_error_at_unix: Option<f64>,
     pub reloads_ok: u64,
     pub reloads_failed: u64,

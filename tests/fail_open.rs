@@ -35,7 +35,11 @@ fn routes(app: &AppHandle, busy_policy: &std::path::Path) -> String {
 /// request per second (burst 1); the app behind it.
 fn start() -> (SocketAddr, AppHandle) {
     let app = app::start();
-    let busy_policy = common::saturated_policies("fail-open-busy", true);
+    // One directory per server: the tests run on parallel threads, and each call rewrites its
+    // directory, which would pull the policy out from under another test's watcher.
+    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let busy_policy = common::saturated_policies(&format!("fail-open-busy-{n}"), true);
     let tenants = r#"
         [tenants]
         trusted_header = "x-client-tenant"

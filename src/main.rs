@@ -34,8 +34,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve `POST /v1/classify`, `/healthz`, `/readyz` and `/metrics`, and `/admin/*` on the admin
-    /// listener. Policies reload on file change, SIGHUP or `POST /admin/reload`.
+    /// Serve `POST /v1/classify`, `/healthz` and `/readyz` on the public listener; `/metrics`,
+    /// `/admin/*` and the same endpoints on the admin listener (`[admin] public_metrics = true`
+    /// puts `/metrics` on the public one too). Policies reload on file change, SIGHUP or
+    /// `POST /admin/reload`.
     Serve {
         /// Config file (TOML). Default: config/tiergate.toml if present, else built-in defaults.
         #[arg(long, env = "TIERGATE_CONFIG")]

@@ -33,7 +33,8 @@
 //! encodings deeper than that).
 //!
 //! Plain printable ASCII without `&`, without a defanged scheme, without a bracketed marker and
-//! without a separator recurring every other character takes a fast path: one copy of the text and a table-driven skeleton, no Unicode work.
+//! without a separator recurring every other character takes a fast path: one copy of the text
+//! and a table-driven skeleton, no Unicode work.
 
 use serde::Serialize;
 use std::borrow::Cow;
@@ -222,7 +223,7 @@ fn needs_work(s: &str) -> bool {
         b'[' | b'(' | b'{' => bracket_marker(&b[i..]).is_some(),
         b'h' | b'H' | b'f' | b'F' => defanged_scheme(&b[i..]).is_some(),
         _ => false,
-    }) || may_hold_split_run(b)
+    }) || may_hold_split_run(s)
 }
 
 // ---------------------------------------------------------------------------------------------

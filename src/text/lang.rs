@@ -287,28 +287,33 @@ const HINDI_LATN: &[&str] = &[
 /// [`HINDI_LATN`], making up a fifth of its words or more. English chat with a Hindi word or two
 /// ("thanks bhai, see you kal") stays English.
 fn romanised_hindi(sample: &str) -> bool {
-    let (words, hits) = listed_words(sample, HINDI_LATN);
-    hits.len() >= 3 && hits.iter().map(|&(_, n)| n).sum::<usize>() * 5 >= words
+    let words = lower_words(sample);
+    let hits = listed(&words, HINDI_LATN);
+    hits.len() >= 3 && hits.iter().map(|&(_, n)| n).sum::<usize>() * 5 >= words.len()
 }
 
-/// The words of `sample` (split at anything that is neither alphanumeric nor Devanagari, whose
-/// vowel signs are marks but part of a word; the danda is Common and still splits), and each word
-/// of `list` it has (lower case) with how often.
-fn listed_words<'a>(sample: &str, list: &[&'a str]) -> (usize, Vec<(&'a str, usize)>) {
+/// The words of `sample`, lower case (split at anything that is neither alphanumeric nor
+/// Devanagari, whose vowel signs are marks but part of a word; the danda is Common and still
+/// splits).
+fn lower_words(sample: &str) -> Vec<String> {
     let devanagari = |c: char| unicode_script::UnicodeScript::script(&c) == unicode_script::Script::Devanagari;
-    let mut words = 0usize;
+    sample
+        .split(|c: char| !c.is_alphanumeric() && !devanagari(c))
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Each word of `list` that `words` has, with how often.
+fn listed<'a>(words: &[String], list: &[&'a str]) -> Vec<(&'a str, usize)> {
     let mut hits: Vec<(&str, usize)> = Vec::new();
-    for w in sample.split(|c: char| !c.is_alphanumeric() && !devanagari(c)).filter(|w| !w.is_empty()) {
-        words += 1;
-        let lower = w.to_lowercase();
-        if let Some(&m) = list.iter().find(|&&m| m == lower) {
-            match hits.iter_mut().find(|(h, _)| *h == m) {
-                Some((_, n)) => *n += 1,
-                None => hits.push((m, 1)),
-            }
+    for m in words.iter().filter_map(|w| list.iter().find(|&&m| m == w)) {
+        match hits.iter_mut().find(|(h, _)| h == m) {
+            Some((_, n)) => *n += 1,
+            None => hits.push((m, 1)),
         }
     }
-    (words, hits)
+    hits
 }
 
 /// The language (ISO 639-3) a guess of a close neighbour really is, when the sample carries the
@@ -333,7 +338,9 @@ fn listed_words<'a>(sample: &str, list: &[&'a str]) -> (usize, Vec<(&'a str, usi
 fn served_neighbour(sample: &str, guess: whatlang::Lang) -> Option<&'static str> {
     use whatlang::Lang as L;
     let has = |letters: &str| sample.chars().any(|c| letters.contains(c));
-    let distinct = |list: &[&str]| listed_words(sample, list).1.len();
+    // The sample's words, split once for however many lists a guess consults.
+    let words = std::cell::OnceCell::new();
+    let distinct = |list: &[&str]| listed(words.get_or_init(|| lower_words(sample)), list).len();
     let lang = match guess {
         L::Ukr | L::Bel if !has("іїєґўІЇЄҐЎ") => L::Rus,
         L::Bul if has("іїєґІЇЄҐ") => L::Ukr,
@@ -356,10 +363,7 @@ fn served_neighbour(sample: &str, guess: whatlang::Lang) -> Option<&'static str>
             if own(distinct(HAUSA)) {
                 return Some("hau");
             }
-            if guess == L::Ind || indonesian < 2 {
-                return None;
-            }
-            L::Ind
+            (guess != L::Ind && indonesian >= 2).then_some(L::Ind)?
         }
         _ => return None,
     };

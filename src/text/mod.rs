@@ -3,8 +3,9 @@
 //! - [`canonical`]: [`canonicalize`] turns the text a client sent into the canonical text that the
 //!   model and the rules read (HTML entities decoded, invisible and format characters removed,
 //!   Unicode NFKC per UAX #15, look-alike letters inside mixed-script words folded to Latin,
-//!   defanged links restored, padded Chinese characters and split letters joined), a lower-cased UTS #39 skeleton for look-alike-proof matching, and
-//!   [`Obfuscation`] that count what was hidden. The original text stays what the audit and the
+//!   defanged links restored, padded Chinese characters and split letters joined), a lower-cased
+//!   UTS #39 skeleton for look-alike-proof matching, and [`Obfuscation`] that count what was
+//!   hidden. The original text stays what the audit and the
 //!   app see; nothing here changes it.
 //! - [`han`]: Chinese evasions: padded characters joined (a canonical step), and [`han::fold`]
 //!   (Traditional to Simplified, Chinese digit runs to ASCII) for the policy's signals.

@@ -25,18 +25,22 @@ fn is_separator(c: char) -> bool {
 }
 
 /// The text with split runs joined, and the number of characters joined; `None` when there was
-/// no such run. Linear in the length of `s`.
+/// no such run. Linear in the length of `s`; a text without a candidate run
+/// ([`may_hold_split_run`]) costs one pass and no allocation.
 pub fn join_split(s: &str) -> Option<(String, usize)> {
+    if !may_hold_split_run(s) {
+        return None;
+    }
     let chars: Vec<(usize, char)> = s.char_indices().collect();
     let mut out: Option<String> = None;
     let mut copied = 0; // bytes of `s` already in `out`
     let mut joined = 0;
     let mut i = 0;
+    // A member may be the separator itself: the text's own `.` in `r.... .P` ("r. P" split with
+    // `.`); the alternation, not the character, says which is which.
+    let member = |c: char| c != '\n' && c != '\r';
     while i + 2 < chars.len() {
         let sep = chars[i + 1].1;
-        // A member may be the separator itself: the text's own `.` in `r.... .P` ("r. P" split
-        // with `.`); the alternation, not the character, says which is which.
-        let member = |c: char| c != '\n' && c != '\r';
         if !is_separator(sep) || !member(chars[i].1) {
             i += 1;
             continue;
@@ -65,16 +69,18 @@ pub fn join_split(s: &str) -> Option<(String, usize)> {
     Some((out, joined))
 }
 
-/// Whether plain ASCII `b` may hold a split run (the canonical text's fast-path check): some
-/// separator byte recurs every other byte [`MIN_SPLIT_RUN`] - 1 times in a row. Conservative:
-/// true does not mean [`join_split`] joins something.
-pub fn may_hold_split_run(b: &[u8]) -> bool {
-    // Separators sit every other byte, so a run shows on one parity of positions: how many times
-    // in a row the separator two bytes back recurs, per parity.
+/// Whether `s` may hold a split run: some separator recurs every other character
+/// [`MIN_SPLIT_RUN`] - 1 times in a row. One pass, no allocation; the canonical text's fast path
+/// asks it too. Conservative: true does not mean [`join_split`] joins something.
+pub fn may_hold_split_run(s: &str) -> bool {
+    // Separators sit every other character, so a run shows on one parity of positions: how many
+    // times in a row the separator two characters back recurs, per parity.
+    // A member may be the separator's own character (`r.... .P`), so a rule of `-----` counts
+    // too: it costs join_split's scan, never a join (no letters).
     let mut streak = [0usize; 2];
-    for k in 2..b.len() {
-        let c = b[k];
-        if c.is_ascii_punctuation() && b[k - 2] == c && b[k - 1] != c {
+    let (mut before, mut last) = ('\0', '\0');
+    for (k, c) in s.chars().enumerate() {
+        if k >= 2 && is_separator(c) && before == c {
             streak[k % 2] += 1;
             // MIN_SPLIT_RUN members stand between MIN_SPLIT_RUN - 1 separators.
             if streak[k % 2] + 2 >= MIN_SPLIT_RUN {
@@ -83,6 +89,7 @@ pub fn may_hold_split_run(b: &[u8]) -> bool {
         } else {
             streak[k % 2] = 0;
         }
+        (before, last) = (last, c);
     }
     false
 }
@@ -110,9 +117,7 @@ mod tests {
             let (joined, n) = join_split(&s).unwrap_or_else(|| panic!("{sep:?} not joined"));
             assert_eq!(joined, text, "separator {sep:?}");
             assert_eq!(n, text.chars().count());
-            if sep.is_ascii() {
-                assert!(may_hold_split_run(s.as_bytes()), "{sep:?}: the fast path must not skip it");
-            }
+            assert!(may_hold_split_run(&s), "{sep:?}: the fast path must not skip it");
         }
     }
 
@@ -121,6 +126,9 @@ mod tests {
         let (joined, n) = join_split("Please confirm your p.a.s.s.w.o.r.d here").unwrap();
         assert_eq!(joined, "Please confirm your password here");
         assert_eq!(n, 8);
+        // A member that is the separator's own character does not end the run.
+        let (joined, _) = join_split("your p.a.s.s...w.o.r.d now").unwrap();
+        assert_eq!(joined, "your pass.word now");
         let (joined, _) = join_split("Отправьте к-о-д-и-з-с-м-с сейчас").unwrap();
         assert_eq!(joined, "Отправьте кодизсмс сейчас");
     }
@@ -145,7 +153,7 @@ mod tests {
     #[test]
     fn the_fast_path_check_sees_no_run_in_ordinary_ascii() {
         for s in ["Meeting on 2026-12-06 at 10:30, room B-2.", "See https://example.com/a/b?c=d&e=f", "a.b"] {
-            assert!(!may_hold_split_run(s.as_bytes()), "{s}");
+            assert!(!may_hold_split_run(s), "{s}");
         }
     }
 }

@@ -43,11 +43,12 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     if count > 1 {
         return Err(ApiError::RepeatedHeader { header: "content-type".into(), count });
     }
-    let codings = headers.get_all(header::CONTENT_ENCODING).iter().flat_map(|v| {
-        String::from_utf8_lossy(v.as_bytes()).split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>()
-    });
-    if let Some(got) = codings.filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity")).next() {
-        return Err(ApiError::UnsupportedEncoding { got });
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        let coded = value.split(',').map(str::trim).find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+        if let Some(got) = coded {
+            return Err(ApiError::UnsupportedEncoding { got: got.to_string() });
+        }
     }
     let got = headers
         .get(header::CONTENT_TYPE)

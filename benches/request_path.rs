@@ -259,6 +259,7 @@ fn bench_request_path(
 /// The tiers' signals the routing benchmarks decide on: both tiers healthy and lightly loaded.
 fn snapshot() -> LoadSnapshot {
     LoadSnapshot {
+        confirm: false,
         tenant: Default::default(),
         cpu: CpuLoad {
             utilization: Some(0.4),

@@ -21,6 +21,7 @@ use tiergate::tenant::{fair_share_slots, LocalQuotas, QuotaStore, Tenants, Tenan
 
 fn snapshot() -> LoadSnapshot {
     LoadSnapshot {
+        confirm: false,
         tenant: Default::default(),
         cpu: CpuLoad {
             utilization: Some(0.4),

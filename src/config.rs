@@ -45,6 +45,10 @@ pub enum ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub model: ModelConfig,
+    /// `[confirm]`: the confirm model, a larger classifier on the CPU that gives an unsure cpu
+    /// risk verdict a second opinion (`[cascade] confirm_from` in the policy); the `[model]`
+    /// keys, `dir` required. Absent: none.
+    pub confirm: Option<ModelConfig>,
     pub policies: PoliciesConfig,
     pub gpu: GpuConfig,
     /// `[readings]`: how load is sampled (the old name `[signals]` is still read).
@@ -82,6 +86,7 @@ impl Default for Config {
         Config {
             server: ServerConfig::default(),
             model: ModelConfig::default(),
+            confirm: None,
             policies: PoliciesConfig::default(),
             gpu: GpuConfig::default(),
             readings: ReadingsConfig::default(),
@@ -119,7 +124,7 @@ impl Config {
         config.gpu.onnx.dir = base.join(&config.gpu.onnx.dir);
         config.shadow.dir = config.shadow.dir.map(|d| base.join(d));
         config.shadow.log = config.shadow.log.map(|d| base.join(d));
-        if let Some(m) = &mut config.shadow.model {
+        for m in config.shadow.model.iter_mut().chain(config.confirm.iter_mut()) {
             m.dir = base.join(&m.dir);
             m.onnxruntime = m.onnxruntime.take().map(|p| base.join(p));
         }
@@ -150,6 +155,9 @@ impl Config {
         if table.get("shadow").and_then(|s| s.get("model")).is_some_and(|m| m.get("dir").is_none()) {
             return Err(ConfigError::Invalid("`shadow.model.dir` is required: the candidate model's directory".into()));
         }
+        if table.get("confirm").is_some_and(|m| m.get("dir").is_none()) {
+            return Err(ConfigError::Invalid("`confirm.dir` is required: the confirm model's directory".into()));
+        }
         for (key, value) in table.iter_mut() {
             interpolate(value, key).map_err(ConfigError::Parse)?;
             check_durations(value, key).map_err(ConfigError::Invalid)?;
@@ -164,6 +172,7 @@ impl Config {
     pub fn gateway(&self) -> GatewayConfig<'_> {
         GatewayConfig {
             model: &self.model,
+            confirm: self.confirm.as_ref(),
             gpu: &self.gpu,
             policies: &self.policies,
             readings: &self.readings,
@@ -201,7 +210,7 @@ impl Config {
         self.feedback.validate()?;
         let s = &self.server;
         let m = &self.model;
-        let mut positive = vec![
+        let positive = vec![
             ("server.max_body_bytes", s.max_body_bytes as u64),
             ("server.max_text_bytes", s.max_text_bytes as u64),
             ("server.default_deadline_ms", s.default_deadline_ms),
@@ -217,20 +226,21 @@ impl Config {
             ("model.max_batch", m.max_batch as u64),
             ("model.queue_capacity", m.queue_capacity as u64),
         ];
-        if let Some(c) = &self.shadow.model {
+        let extra = [("shadow.model", self.shadow.model.as_ref()), ("confirm", self.confirm.as_ref())];
+        let extra = extra.iter().filter_map(|(key, c)| Some((*key, (*c)?)));
+        let mut positive: Vec<(String, u64)> = positive.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        for (key, c) in extra.clone() {
             positive.extend([
-                ("shadow.model.intra_threads", c.intra_threads as u64),
-                ("shadow.model.sessions", c.sessions as u64),
-                ("shadow.model.max_batch", c.max_batch as u64),
-                ("shadow.model.queue_capacity", c.queue_capacity as u64),
+                (format!("{key}.intra_threads"), c.intra_threads as u64),
+                (format!("{key}.sessions"), c.sessions as u64),
+                (format!("{key}.max_batch"), c.max_batch as u64),
+                (format!("{key}.queue_capacity"), c.queue_capacity as u64),
             ]);
         }
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be at least 1"));
         }
-        for (key, provider) in std::iter::once(("model", m.provider))
-            .chain(self.shadow.model.as_ref().map(|c| ("shadow.model", c.provider)))
-        {
+        for (key, provider) in std::iter::once(("model", m.provider)).chain(extra.map(|(key, c)| (key, c.provider))) {
             if provider != Provider::Cpu {
                 return Err(format!(
                     "`{key}.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)"
@@ -398,6 +408,22 @@ mod tests {
         std::fs::write(dir.join("t.toml"), "[shadow.model]\ndir = \"../cand\"\n").unwrap();
         let c = Config::load(&dir.join("t.toml")).unwrap();
         assert_eq!(c.shadow.model.unwrap().dir, dir.join("../cand"), "relative to the config file, as every path");
+    }
+
+    #[test]
+    fn a_confirm_model_is_checked_like_the_live_one_and_found_beside_the_config() {
+        let err = Config::parse("[confirm]\nsessions = 1").unwrap_err().to_string();
+        assert!(err.contains("`confirm.dir` is required"), "{err}");
+        let c = Config::parse("[confirm]\ndir = \"m\"\nqueue_capacity = 0").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("`confirm.queue_capacity` must be at least 1"));
+        let c = Config::parse("[confirm]\ndir = \"m\"\nprovider = \"cuda\"").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("`confirm.provider` must be \"cpu\""));
+        let dir = std::env::temp_dir().join(format!("tiergate-config-confirm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.toml"), "[confirm]\ndir = \"../big\"\nsessions = 1\n").unwrap();
+        let c = Config::load(&dir.join("t.toml")).unwrap();
+        assert_eq!(c.confirm.unwrap().dir, dir.join("../big"), "relative to the config file, as every path");
+        assert!(Config::parse("").unwrap().confirm.is_none(), "none unless configured");
     }
 
     #[test]

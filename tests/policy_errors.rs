@@ -114,3 +114,21 @@ fn a_file_that_does_not_parse_is_reported_alone() {
     assert!(err.contains("1 problem(s)") && err.contains("rules.toml"), "{err}");
     assert!(!err.contains("unknown signal"), "{err}");
 }
+
+#[test]
+fn a_confirm_band_must_lie_below_where_a_risk_verdict_stands() {
+    let dir = std::env::temp_dir().join(format!("tiergate-perr-confirm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bundled = bundled_routing();
+    let line = bundled.lines().find(|l| l.starts_with("accept_risk_below")).expect("the bundled policy sets it");
+    let without = bundled.lines().filter(|l| !l.starts_with("confirm_")).collect::<Vec<_>>().join("\n");
+    // At accept_risk_below a verdict stands unconfirmed: a band from there is an error.
+    let at = line.split('=').nth(1).unwrap().trim();
+    let routing = without.replace(line, &format!("{line}\nconfirm_from = {at}\nconfirm_at = 1.5"));
+    std::fs::write(dir.join("routing.toml"), routing).unwrap();
+    let (code, err) = check_policy(&dir);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("confirm_from ({at}) must be below")), "{err}");
+    assert!(err.contains("confirm_at"), "both problems at once: {err}");
+}

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 /// Load as routing sees it with the gpu tier free in every respect but the KV cache.
 fn gpu_snapshot() -> LoadSnapshot {
     LoadSnapshot {
+        confirm: false,
         tenant: Default::default(),
         cpu: CpuLoad { utilization: None, queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
         gpu: GpuLoad {

@@ -78,6 +78,8 @@ pub enum RecordedTier {
     Guard,
     /// The features model raised the action (`[features_model] combine = "max"`).
     Features,
+    /// The confirm model confirmed an unsure cpu verdict, which stands.
+    Confirm,
     Unscreened,
 }
 
@@ -90,6 +92,7 @@ impl RecordedTier {
             RecordedTier::Rules => "rules",
             RecordedTier::Guard => "guard",
             RecordedTier::Features => "features",
+            RecordedTier::Confirm => "confirm",
             RecordedTier::Unscreened => "unscreened",
         }
     }
@@ -103,6 +106,7 @@ impl From<TierName> for RecordedTier {
             TierName::Rules => RecordedTier::Rules,
             TierName::Guard => RecordedTier::Guard,
             TierName::Features => RecordedTier::Features,
+            TierName::Confirm => RecordedTier::Confirm,
         }
     }
 }

@@ -58,7 +58,7 @@ pub struct Labelled {
     pub truth: Truth,
     pub tenant: Option<String>,
     pub scenario: Option<String>,
-    /// The record's `tier`: cpu, gpu, rules, guard, features, unscreened.
+    /// The record's `tier`: cpu, confirm, gpu, rules, guard, features, unscreened.
     pub tier: String,
     /// The record's `action`: allow, review, block, unscreened.
     pub action: String,

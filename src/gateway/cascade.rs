@@ -31,6 +31,8 @@ use tokio::time::Instant;
 pub struct Recorded {
     pub cpu: Option<Result<ModelVerdict, TierError>>,
     pub gpu: Option<Result<ModelVerdict, TierError>>,
+    /// The confirm model's second opinion, where the live policy asked for one.
+    pub confirm: Option<Result<ModelVerdict, TierError>>,
     /// The features model's score (it never runs again for a replay).
     pub features: Option<crate::features_model::Scored>,
     /// The temperature `cpu` came calibrated at (the served model's), so that a replay under
@@ -42,6 +44,8 @@ pub struct Recorded {
 pub struct LiveTiers<'a> {
     pub cpu: &'a dyn ModelTier,
     pub gpu: Option<&'a GpuTier>,
+    /// The confirm model (`[confirm]`; `None`: none loaded).
+    pub confirm: Option<&'a dyn ModelTier>,
     pub metrics: &'a Metrics,
     pub recorded: &'a Mutex<Recorded>,
     /// The request's tenant, whose gpu share and daily budget gate each gpu call.
@@ -124,7 +128,11 @@ impl LiveTiers<'_> {
         if tier == TierName::Cpu {
             recorded.cpu_temperature = self.cpu.model().map(|m| m.temperature);
         }
-        *(if tier == TierName::Gpu { &mut recorded.gpu } else { &mut recorded.cpu }) = Some(r.clone());
+        *(match tier {
+            TierName::Gpu => &mut recorded.gpu,
+            TierName::Confirm => &mut recorded.confirm,
+            _ => &mut recorded.cpu,
+        }) = Some(r.clone());
         (r, cached)
     }
 }
@@ -172,6 +180,26 @@ impl Tiers<'_> {
             }
             Tiers::Replay(rec) => {
                 (rec.cpu.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
+            }
+        }
+    }
+
+    /// The confirm model's verdict on the text (it tokenises with its own tokenizer).
+    async fn confirm(&self, text: &Arc<str>, lang: LanguageCell, deadline: Instant) -> Answer {
+        match self {
+            Tiers::Live(live) => {
+                let Some(confirm) = live.confirm else {
+                    return (Err(TierError::Unavailable("no confirm model loaded".into())), false);
+                };
+                let call = async {
+                    let prepared = Prepared { encoded: None, lang: Some(lang.clone()) };
+                    let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
+                    confirm.classify(input, deadline).await
+                };
+                live.through(TierName::Confirm, deadline, Some(&lang), call).await
+            }
+            Tiers::Replay(rec) => {
+                (rec.confirm.clone().unwrap_or_else(|| Err(TierError::Unavailable(NOT_RUN.into()))), false)
             }
         }
     }
@@ -296,6 +324,7 @@ pub async fn run(
                 return Err(ApiError::Shed { reason: start.reason.clone(), retry_after_s });
             }
             Stage::Cpu => run.cpu(x, tiers).await,
+            Stage::Confirm => run.confirm(x, tiers).await,
             Stage::Gpu => run.gpu(x, tiers).await,
             Stage::Rules => break run.rules(x, &start, tiers),
         };
@@ -362,6 +391,20 @@ impl Run<'_> {
         then
     }
 
+    async fn confirm(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
+        let span = tiers.trace().start("tier confirm");
+        let t = Instant::now();
+        let lang = self.assessment.facts.lang.clone();
+        let (result, cached) = tiers.confirm(&self.assessment.facts.text, lang, x.deadline()).await;
+        let us = t.elapsed().as_micros() as u64;
+        tiers.observe(TierName::Confirm, us, cached);
+        let before = self.path.len();
+        let then = self.follow(TierName::Confirm, result, us, x);
+        self.mark_cached(before, cached);
+        super::trace::end_tier(tiers.trace(), span, TierName::Confirm, &self.path[before..]);
+        then
+    }
+
     async fn gpu(&mut self, x: &Inputs<'_>, tiers: &Tiers<'_>) -> Then {
         let span = tiers.trace().start("tier gpu");
         let context = tiers.trace().otel_context(&span);
@@ -391,10 +434,7 @@ impl Run<'_> {
         match result {
             Ok(v) => {
                 let route = self.router.after_verdict(tier, &v, lang, complexity, remaining);
-                match self.model_step(tier, &v, us, route) {
-                    None => Then::Decide(tier, v),
-                    Some(next) => Then::Stage(next),
-                }
+                self.model_step(tier, v, us, route, x.policy.cascade.confirm_at)
             }
             Err(e) => match self.router.after_failure(tier, Outcome::from(&e), lang, complexity, remaining) {
                 Recovery::Fallback(fallback) => Then::Stage(self.failed(tier, &e, us, fallback)),
@@ -417,16 +457,17 @@ impl Run<'_> {
         }
     }
 
-    /// Records a model tier's step; `None` when its verdict stands, else the next stage.
-    fn model_step(&mut self, tier: TierName, v: &ModelVerdict, us: u64, route: Route) -> Option<Stage> {
-        let mut step = Step::new(tier, Outcome::Accepted, us);
-        step.confidence = Some(v.confidence);
-        step.risk_score = Some(v.risk_score);
-        step.ood_score = v.ood_score;
-        step.endpoint = v.endpoint.clone();
-        step.window = v.window;
+    /// Records a model tier's step for `route`: the verdict that stands, or the next stage.
+    /// `confirm_at`: the policy's, for the confirm model's step.
+    fn model_step(&mut self, tier: TierName, v: ModelVerdict, us: u64, route: Route, confirm_at: f64) -> Then {
+        let mut step = Self::step(tier, &v, us);
         let mut skipped = None;
         let next = match route {
+            Route::HandOver { outcome, reason, next: Stage::Confirm, .. } => {
+                step.outcome = outcome;
+                step.reason = Some(format!("{reason}; asking the confirm model"));
+                Some(Stage::Confirm)
+            }
             Route::HandOver { outcome, reason, next: Stage::Gpu, .. } => {
                 self.count(|m| &m.escalations, outcome);
                 step.outcome = outcome;
@@ -444,16 +485,39 @@ impl Run<'_> {
                 step.reason = note;
                 None
             }
+            Route::Confirmed { cpu } => {
+                // The cpu verdict stands, confirmed: its score decides the action.
+                let risk = v.risk_score;
+                step.reason = Some(format!("risk {risk:.3} at or above confirm_at {confirm_at}: the cpu verdict stands"));
+                self.path.push(step);
+                return Then::Decide(TierName::Confirm, cpu);
+            }
         };
-        // A model reading a language it was not trained on has no view worth showing the rules.
-        if next.is_some() && !matches!(step.outcome, Outcome::Language | Outcome::Error) {
+        // A model reading a language it was not trained on has no view worth showing the rules;
+        // the confirm model only confirms, so the rules keep seeing the cpu verdict it was asked on.
+        let view = tier != TierName::Confirm && !matches!(step.outcome, Outcome::Language | Outcome::Error);
+        if next.is_some() && view {
             self.model = Some(ModelView { risk_score: v.risk_score, confidence: v.confidence, ood_score: v.ood_score });
         }
         self.path.push(step);
         if let Some(why) = skipped {
             self.path.push(Step::new(TierName::Gpu, Outcome::Skipped, 0).reason(format!("unavailable: {why}")));
         }
-        next
+        match next {
+            None => Then::Decide(tier, v),
+            Some(next) => Then::Stage(next),
+        }
+    }
+
+    /// A model tier's step for verdict `v`, as accepted (the caller sets how it ended).
+    fn step(tier: TierName, v: &ModelVerdict, us: u64) -> Step {
+        let mut step = Step::new(tier, Outcome::Accepted, us);
+        step.confidence = Some(v.confidence);
+        step.risk_score = Some(v.risk_score);
+        step.ood_score = v.ood_score;
+        step.endpoint = v.endpoint.clone();
+        step.window = v.window;
+        step
     }
 
     /// Records a tier's failure.

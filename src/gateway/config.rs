@@ -13,6 +13,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 pub struct GatewayConfig<'a> {
     pub model: &'a ModelConfig,
+    /// `[confirm]`: the confirm model, when there is one.
+    pub confirm: Option<&'a ModelConfig>,
     pub gpu: &'a GpuConfig,
     pub policies: &'a PoliciesConfig,
     pub readings: &'a ReadingsConfig,

@@ -59,6 +59,10 @@ impl Gateway {
         }
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
+        let confirm = config
+            .confirm
+            .map(|c| OnnxPool::start(env, c, "tiergate-confirm").map_err(|e| anyhow::anyhow!("confirm model: {e:#}")))
+            .transpose()?;
         let gpu = GpuTier::start(env, config.gpu)?;
         check_prompts(gpu.as_ref(), std::iter::once(&policy).chain(route_policies.values()))?;
         let shared_quotas = config.tenants.redis.clone();
@@ -95,6 +99,7 @@ impl Gateway {
         tracing::info!(policy_version = %policy.version, rules = policy.rules.rule_count(), gpu = %config.gpu.backend, "gateway ready");
         let gateway = Arc::new(Gateway {
             cpu,
+            confirm,
             gpu,
             policies: PolicyStore::within(policy, config.limits),
             route_policies: route_policies

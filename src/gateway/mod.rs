@@ -70,6 +70,8 @@ impl Default for Sources {
 
 pub struct Gateway {
     pub cpu: OnnxPool,
+    /// The confirm model (`[confirm]`): a second opinion on unsure cpu risk verdicts.
+    pub confirm: Option<OnnxPool>,
     pub gpu: Option<GpuTier>,
     pub policies: PolicyStore,
     /// Policies that proxy routes name (`[routes.screen] policy`), by directory; watched and
@@ -172,7 +174,8 @@ impl Gateway {
         };
         // The limits' hysteresis: what this snapshot is below is the next one's `was_below`.
         *self.gpu_below.lock().unwrap_or_else(|e| e.into_inner()) = select::gpu_below(&gpu, &policy.gpu);
-        LoadSnapshot { cpu, gpu, tenant: TenantLoad::default() }
+        let confirm = self.confirm.as_ref().is_some_and(|c| c.workers_alive() > 0);
+        LoadSnapshot { cpu, gpu, tenant: TenantLoad::default(), confirm }
     }
 
     /// Decides one request. Errors only for admission: `RateLimited` (tenant over its rate)
@@ -266,6 +269,7 @@ impl Gateway {
         let tiers = Tiers::Live(LiveTiers {
             cpu: &self.cpu,
             gpu: self.gpu.as_ref(),
+            confirm: self.confirm.as_ref().map(|c| c as &dyn crate::tier::ModelTier),
             metrics: &self.metrics,
             recorded: &recorded,
             trace: &trace,

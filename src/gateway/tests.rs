@@ -47,6 +47,7 @@ fn policy(extra: &str) -> Policy {
 fn snapshot(gpu: bool) -> LoadSnapshot {
     LoadSnapshot {
         tenant: Default::default(),
+        confirm: false,
         cpu: CpuLoad { utilization: Some(0.2), queue_depth: 0, in_flight: 0, service_us: None, queue_wait_us: None },
         gpu: GpuLoad {
             unavailable: (!gpu).then(|| "no gpu tier configured".to_string()),
@@ -90,7 +91,7 @@ async fn decide(
         policy,
         request(text, serde_json::json!({}), None),
         snapshot(gpu),
-        Recorded { cpu, gpu: gpu_answer, features: None, cpu_temperature: None },
+        Recorded { cpu, gpu: gpu_answer, features: None, cpu_temperature: None, confirm: None },
     )
     .await
 }
@@ -251,7 +252,7 @@ async fn decide_with(
     tenant: Option<&str>,
     cpu: f64,
 ) -> Decision {
-    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None, cpu_temperature: None };
+    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None, cpu_temperature: None, confirm: None };
     replay(policy, request(text, features, tenant), snapshot(false), recorded).await.unwrap()
 }
 
@@ -333,7 +334,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     );
     let req = |text: &str| request(text, serde_json::json!({}), None);
     // Confidence 0.7 is not below accept_below 0.7: the cpu verdict stands in every scenario.
-    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None, features: None, cpu_temperature: None };
+    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), gpu: None, features: None, cpu_temperature: None, confirm: None };
     let (plain, payments, lenient) = (
         replay_in(&p, None, req("a text"), snapshot(false), stands()).await.unwrap(),
         replay_in(&p, Some("payments"), req("a text"), snapshot(false), stands()).await.unwrap(),
@@ -345,7 +346,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     assert_eq!(action(&payments), Action::Block, "block_at 0.6 there");
     assert_eq!(action(&lenient), Action::Review, "review_at 0.5 there");
     // An unsure verdict goes to rules; none may decide in `lenient`, so the default does.
-    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None, features: None, cpu_temperature: None };
+    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), gpu: None, features: None, cpu_temperature: None, confirm: None };
     let all = replay_in(&p, None, req("your password please"), snapshot(false), unsure()).await.unwrap();
     assert_eq!(
         (all.tier, all.rule.as_deref(), all.action),
@@ -371,4 +372,67 @@ async fn a_policy_temperature_reads_the_recorded_cpu_verdict_at_its_own() {
     // At T = 100 the verdict is unsure (confidence near 0.5): rules decide instead.
     let soft = replay(&policy("[calibration]\ncpu_temperature = 100\n"), req(), snapshot(false), recorded()).await;
     assert_eq!(soft.unwrap().tier, TierName::Rules);
+}
+
+/// Load with a confirm model loaded and no gpu tier.
+fn with_confirm() -> LoadSnapshot {
+    LoadSnapshot { confirm: true, ..snapshot(false) }
+}
+
+#[tokio::test]
+async fn the_confirm_model_lets_an_unsure_risk_verdict_stand_or_leaves_it_to_the_rules() {
+    let p = policy("");
+    let mut p2 = policy("");
+    p2.cascade.confirm_from = Some(0.6);
+    let ask = |confirm: Option<Result<ModelVerdict, TierError>>| Recorded {
+        cpu: Some(Ok(verdict(0.65, 0.5))),
+        confirm,
+        ..Default::default()
+    };
+    // Confirmed: the cpu verdict's own score decides (0.65: review by [actions], not block).
+    let d = replay(&p2, request("hmm", serde_json::json!({}), None), with_confirm(), ask(Some(Ok(verdict(0.99, 0.5)))))
+        .await
+        .unwrap();
+    assert_eq!((d.tier, d.risk_score, d.action), (TierName::Confirm, 0.65, Action::Review));
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::LowConfidence), (TierName::Confirm, Outcome::Accepted)]);
+    assert!(d.path[1].reason.as_deref().unwrap().contains("confirm_at 0.97"), "{:?}", d.path[1]);
+    // Not confirmed: to the rules, which see the cpu verdict (not the confirm model's).
+    let d = replay(&p2, request("hmm", serde_json::json!({}), None), with_confirm(), ask(Some(Ok(verdict(0.9, 0.5)))))
+        .await
+        .unwrap();
+    let want = [
+        (TierName::Cpu, Outcome::LowConfidence),
+        (TierName::Confirm, Outcome::LowConfidence),
+        (TierName::Gpu, Outcome::Skipped),
+        (TierName::Rules, Outcome::Default),
+    ];
+    assert_eq!((d.tier, path(&d)), (TierName::Rules, want.to_vec()));
+    // A confirm model that fails: the rules, as without one.
+    let shed = Err(TierError::Overloaded { capacity: 1 });
+    let d = replay(&p2, request("hmm", serde_json::json!({}), None), with_confirm(), ask(Some(shed))).await.unwrap();
+    assert_eq!(d.path[1].tier, TierName::Confirm);
+    assert_eq!((d.path[1].outcome, d.tier), (Outcome::Shed, TierName::Rules));
+    // Below confirm_from, with no confirm model loaded, or without confirm_from: never asked.
+    let low = Recorded { cpu: Some(Ok(verdict(0.55, 0.5))), ..Default::default() };
+    let d = replay(&p2, request("hmm", serde_json::json!({}), None), with_confirm(), low).await.unwrap();
+    assert!(d.path.iter().all(|s| s.tier != TierName::Confirm), "{:?}", path(&d));
+    for (policy, load) in [(&p2, snapshot(false)), (&p, with_confirm())] {
+        let d = replay(policy, request("hmm", serde_json::json!({}), None), load, ask(None)).await.unwrap();
+        assert!(d.path.iter().all(|s| s.tier != TierName::Confirm), "{:?}", path(&d));
+    }
+}
+
+#[tokio::test]
+async fn an_eligible_gpu_tier_decides_before_any_confirm_model() {
+    let mut p = policy("");
+    p.cascade.confirm_from = Some(0.6);
+    let recorded = Recorded {
+        cpu: Some(Ok(verdict(0.65, 0.5))),
+        gpu: Some(Ok(verdict(0.1, 0.5))),
+        confirm: Some(Ok(verdict(0.99, 0.5))),
+        ..Default::default()
+    };
+    let load = LoadSnapshot { confirm: true, ..snapshot(true) };
+    let d = replay(&p, request("hmm", serde_json::json!({}), None), load, recorded).await.unwrap();
+    assert_eq!(path(&d), [(TierName::Cpu, Outcome::LowConfidence), (TierName::Gpu, Outcome::Accepted)]);
 }

@@ -213,6 +213,17 @@ fn readyz(app: &App) -> Response<Full<Bytes>> {
                 "temperature": policy.calibration.cpu_temperature_or(g.cpu.info().temperature),
                 "temperature_from": if policy.calibration.cpu_temperature.is_some() { "policy" } else { "model" },
             },
+            "confirm": match &g.confirm {
+                None => json!({"status": "unavailable", "reason": "no [confirm] model configured"}),
+                Some(c) => json!({
+                    "status": if c.workers_alive() > 0 { "ready" } else { "down" },
+                    "model": c.info(),
+                    "workers": c.workers_alive(),
+                    "queue_depth": c.queue_depth(),
+                    "confirm_from": policy.cascade.confirm_from,
+                    "confirm_at": policy.cascade.confirm_at,
+                }),
+            },
             "gpu": gpu,
             "rules": {"status": "ready", "rules": policy.rules.rule_count()},
         },

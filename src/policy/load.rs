@@ -159,6 +159,18 @@ impl Merged {
                 check_unit(file, "cascade.accept_risk_below", r, problems);
             }
             check_unit(file, "cascade.ood_above", c.ood_above, problems);
+            check_unit(file, "cascade.confirm_at", c.confirm_at, problems);
+            if let Some(from) = c.confirm_from {
+                check_unit(file, "cascade.confirm_from", from, problems);
+                let stands = c.accept_below_for(1.0);
+                if from >= stands {
+                    let message = format!(
+                        "confirm_from ({from}) must be below the confidence a risk verdict needs to stand \
+                         ({stands}, accept_risk_below or accept_below): a verdict there stands unconfirmed"
+                    );
+                    problems.push(at(file, "cascade.confirm_from", message));
+                }
+            }
             for (guess, served) in &c.language_neighbours {
                 if !c.model_languages.contains(served) {
                     let message = format!(

@@ -67,6 +67,22 @@ pub struct Cascade {
     /// default; each value must be in `model_languages`.
     #[serde(default)]
     pub language_neighbours: std::collections::BTreeMap<String, String>,
+    /// A cpu verdict of `risk` too unsure to stand (below `accept_risk_below`) but with
+    /// `risk_score` at or above this gets a second opinion from the confirm model (`[confirm]`
+    /// in the server config: a larger classifier on the CPU) before it goes to the rules: where
+    /// that model's calibrated risk reaches `confirm_at`, the cpu verdict stands. Only where the
+    /// verdict would go to the rules (a gpu tier that is eligible decides instead). Unset, or no
+    /// confirm model loaded: no second opinion.
+    #[serde(default)]
+    pub confirm_from: Option<f64>,
+    /// The confirm model's calibrated risk that lets a cpu verdict in the `confirm_from` band
+    /// stand (default 0.97).
+    #[serde(default = "confirm_at")]
+    pub confirm_at: f64,
+}
+
+fn confirm_at() -> f64 {
+    0.97
 }
 
 fn english() -> Vec<String> {
@@ -89,6 +105,12 @@ impl Cascade {
             Some(r) if risk_score > 0.5 => r.max(self.accept_below),
             _ => self.accept_below,
         }
+    }
+
+    /// Whether an unsure cpu verdict with this `risk_score` asks the confirm model: `risk_score`
+    /// at or above `confirm_from` (never for an `ok` lean).
+    pub fn confirms(&self, risk_score: f64) -> bool {
+        self.confirm_from.is_some_and(|from| risk_score > 0.5 && risk_score >= from)
     }
 
     /// The confidence a cpu verdict needs to skip escalation: `escalate_below`, raised to

@@ -41,6 +41,9 @@ pub enum TierName {
     Guard,
     /// The features model (`[features_model]`): the request's `features`, scored beside the text.
     Features,
+    /// The confirm model (`[confirm]`): a second opinion on an unsure cpu risk verdict
+    /// (`[cascade] confirm_from`).
+    Confirm,
 }
 
 impl TierName {
@@ -51,6 +54,7 @@ impl TierName {
             TierName::Rules => "rules",
             TierName::Guard => "guard",
             TierName::Features => "features",
+            TierName::Confirm => "confirm",
         }
     }
 }
@@ -135,6 +139,8 @@ impl From<&TierError> for Outcome {
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     Cpu,
+    /// The confirm model, on an unsure cpu risk verdict on its way to the rules.
+    Confirm,
     Gpu,
     Rules,
     /// Refuse with 503 + Retry-After (policy `when_saturated = "shed"`).
@@ -295,6 +301,17 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
         Next::Rules { outcome: Outcome::LowConfidence, reason: "unsure: confidence 0.5 (even odds)".into() }
     } else {
         Next::Accept { note: None }
+    }
+}
+
+/// After the confirm model answered `c` on a cpu verdict in the `confirm_from` band: `Ok` when
+/// it confirms the risk (calibrated risk at or above `confirm_at`), else why not.
+pub fn after_confirm(c: &ModelVerdict, policy: &Policy) -> Result<(), String> {
+    let at = policy.cascade.confirm_at;
+    match not_finite(c) {
+        Some(why) => Err(why),
+        None if c.risk_score >= at => Ok(()),
+        None => Err(format!("confirm model risk {:.3} below confirm_at {at}", c.risk_score)),
     }
 }
 

@@ -5,7 +5,7 @@
 //! path, and asks once per stage.
 
 use super::{
-    after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility, gpu_left, Fallback,
+    after_confirm, after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility, gpu_left, Fallback,
     Ineligible, LoadSnapshot, Next, Outcome, Stage, Start, TierName, Tried,
 };
 use crate::complexity::Complexity;
@@ -19,10 +19,12 @@ use std::time::Duration;
 pub enum Route {
     /// The verdict stands; `note` says why a wanted escalation did not happen.
     Accept { note: Option<String> },
-    /// The verdict is not trusted (`outcome` and `reason` for its step): go to `next`, the gpu
-    /// tier (an escalation) or the rules. `skipped`: the gpu tier, when it was untried but
-    /// ineligible on the way to the rules.
+    /// The verdict is not trusted (`outcome` and `reason` for its step): go to `next`, the confirm
+    /// model, the gpu tier (an escalation) or the rules. `skipped`: the gpu tier, when it was
+    /// untried but ineligible on the way to the rules.
     HandOver { outcome: Outcome, reason: String, next: Stage, skipped: Option<Ineligible> },
+    /// The confirm model confirmed the unsure cpu verdict `cpu`, which stands.
+    Confirmed { cpu: ModelVerdict },
 }
 
 /// What comes after a model tier gave no verdict.
@@ -42,6 +44,9 @@ pub struct Router<'a> {
     tried: Tried,
     /// The cpu verdict an escalation to the gpu tier started from.
     escalated: Option<ModelVerdict>,
+    /// The cpu verdict the confirm model was asked about, and the gpu tier's ineligibility to
+    /// name on the way to the rules should it not confirm.
+    confirming: Option<(ModelVerdict, Option<Ineligible>)>,
 }
 
 impl<'a> Router<'a> {
@@ -53,7 +58,7 @@ impl<'a> Router<'a> {
         remaining: Duration,
     ) -> (Router<'a>, Start) {
         let start = super::start(complexity, policy, snapshot, remaining);
-        (Router { policy, snapshot, tried: Tried::default(), escalated: None }, start)
+        (Router { policy, snapshot, tried: Tried::default(), escalated: None, confirming: None }, start)
     }
 
     /// After `tier` answered `v`: whether it stands. `lang` and `complexity` are the text's as
@@ -78,6 +83,31 @@ impl<'a> Router<'a> {
                 }
                 Next::Rules { outcome, reason } => {
                     let skipped = gpu.err().filter(|_| !self.tried.gpu);
+                    let confirm = outcome == Outcome::LowConfidence
+                        && snapshot.confirm
+                        && policy.cascade.confirms(v.risk_score)
+                        && self.confirming.is_none();
+                    if confirm {
+                        self.confirming = Some((v.clone(), skipped));
+                        return Route::HandOver { outcome, reason, next: Stage::Confirm, skipped: None };
+                    }
+                    Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
+                }
+            };
+        }
+        if tier == TierName::Confirm {
+            let Some((cpu, skipped)) = self.confirming.take() else {
+                return Route::HandOver {
+                    outcome: Outcome::Error,
+                    reason: "confirm model answered without a cpu verdict to confirm".into(),
+                    next: Stage::Rules,
+                    skipped: None,
+                };
+            };
+            return match after_confirm(v, policy) {
+                Ok(()) => Route::Confirmed { cpu },
+                Err(reason) => {
+                    let outcome = if v.risk_score.is_finite() { Outcome::LowConfidence } else { Outcome::Error };
                     Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
                 }
             };
@@ -108,6 +138,11 @@ impl<'a> Router<'a> {
             self.tried.cpu = true;
             let gpu = gpu_eligibility(policy, snapshot, remaining);
             return Recovery::Fallback(after_failure(TierName::Cpu, self.tried, gpu));
+        }
+        if tier == TierName::Confirm {
+            // No second opinion: the cpu verdict goes to the rules, as it would have without one.
+            let skipped = self.confirming.take().and_then(|(_, skipped)| skipped).map(|why| (TierName::Gpu, why));
+            return Recovery::Fallback(Fallback::Rules { skipped });
         }
         self.tried.gpu = true;
         match self.escalated.take() {
@@ -143,6 +178,55 @@ mod tests {
                 assert!(note.contains("gpu tier timeout"), "{note}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_an_unsure_risk_lean_on_its_way_to_the_rules_asks_the_confirm_model() {
+        let mut p = policy("");
+        p.cascade.confirm_from = Some(0.6);
+        let mut s = idle();
+        s.gpu.unavailable = Some("none".into());
+        s.confirm = true;
+        let c = complexity(0.2);
+        fn ask<'a>(p: &'a Policy, s: &'a LoadSnapshot, risk: f64) -> (Router<'a>, Route) {
+            let c = complexity(0.2);
+            let (mut router, _) = Router::start(&c, p, s, PLENTY);
+            let route = router.after_verdict(TierName::Cpu, &verdict(risk, Some(0.5)), &en(), &c, PLENTY);
+            (router, route)
+        }
+        // 0.65: unsure (below accept_below 0.7), leaning risk, above confirm_from.
+        let (mut router, route) = ask(&p, &s, 0.65);
+        assert!(matches!(route, Route::HandOver { next: Stage::Confirm, .. }), "{route:?}");
+        let mut yes = verdict(0.97, Some(0.5));
+        match router.after_verdict(TierName::Confirm, &yes, &en(), &c, PLENTY) {
+            Route::Confirmed { cpu } => assert_eq!(cpu.risk_score, 0.65),
+            other => panic!("{other:?}"),
+        }
+        // Below confirm_at, or NaN: to the rules, naming the gpu tier it could not use.
+        for no in [0.969, f64::NAN] {
+            let (mut router, _) = ask(&p, &s, 0.65);
+            yes.risk_score = no;
+            match router.after_verdict(TierName::Confirm, &yes, &en(), &c, PLENTY) {
+                Route::HandOver { next: Stage::Rules, skipped: Some(_), reason, .. } => {
+                    assert!(reason.contains(if no.is_nan() { "non-finite" } else { "below confirm_at" }), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A failed confirm model: the rules, as without one.
+        let (mut router, _) = ask(&p, &s, 0.65);
+        let recovery = router.after_failure(TierName::Confirm, Outcome::Shed, &en(), &c, PLENTY);
+        assert!(matches!(recovery, Recovery::Fallback(Fallback::Rules { skipped: Some((TierName::Gpu, _)) })));
+        // Never asked: below confirm_from; an ok lean; no confirm model; an eligible gpu tier.
+        for (risk, confirm, gpu) in [(0.55, true, false), (0.35, true, false), (0.65, false, false), (0.65, true, true)] {
+            let mut s = s.clone();
+            s.confirm = confirm;
+            s.gpu.unavailable = (!gpu).then(|| "none".into());
+            let mut p = policy("");
+            p.cascade.confirm_from = Some(if risk < 0.5 { 0.3 } else { 0.6 });
+            let (_, route) = ask(&p, &s, risk);
+            assert!(!matches!(route, Route::HandOver { next: Stage::Confirm, .. }), "{risk} {confirm} {gpu}: {route:?}");
         }
     }
 

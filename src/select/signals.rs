@@ -12,6 +12,8 @@ pub struct LoadSnapshot {
     pub gpu: GpuLoad,
     /// The request's tenant's use of the gpu tier (its fair share, its daily budget).
     pub tenant: TenantLoad,
+    /// A confirm model is loaded (`[confirm]`) and has a live worker.
+    pub confirm: bool,
 }
 
 /// What routing knows of the request's tenant: its requests on the gpu tier now (this

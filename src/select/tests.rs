@@ -37,6 +37,7 @@ pub(super) fn policy(extra: &str) -> Policy {
 pub(super) fn idle() -> LoadSnapshot {
     LoadSnapshot {
         tenant: Default::default(),
+        confirm: false,
         cpu: CpuLoad {
             utilization: Some(0.2),
             queue_depth: 0,

@@ -464,6 +464,7 @@ pub(crate) mod tests {
     fn signals(pool: &OnnxPool) -> LoadSnapshot {
         LoadSnapshot {
             tenant: Default::default(),
+            confirm: false,
             cpu: CpuLoad {
                 utilization: None,
                 queue_depth: pool.queue_depth(),

@@ -28,7 +28,7 @@ use ort::value::Tensor;
 use serde::Deserialize;
 use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use tokenizers::{Encoding, Tokenizer};
 
 /// `model.json`.
@@ -59,6 +59,36 @@ pub struct ModelInfo {
     pub max_seq_len: usize,
     pub temperature: f64,
     pub onnx_path: PathBuf,
+}
+
+/// What a configured tokenizer depends on: its file and the windows it cuts.
+#[derive(PartialEq, Eq)]
+struct TokenizerKey {
+    /// The tokenizer file's sha256, as the model directory's manifest verified it.
+    sha256: String,
+    max_seq_len: usize,
+    overlap: usize,
+}
+
+/// The tokenizers this process loaded, held weakly: a multilingual tokenizer is tens of MB
+/// (~65 MB resident for the bundled 70,895-piece Unigram one, docs/BENCHMARKS.md "RSS"), too
+/// much to hold twice for a confirm or shadow model that reads the same vocabulary.
+static TOKENIZERS: Mutex<Vec<(TokenizerKey, Weak<Tokenizer>)>> = Mutex::new(Vec::new());
+
+/// The tokenizer for `key`: one already loaded and still in use, else `load`'s, kept for the
+/// next model with the same key.
+fn shared_tokenizer(
+    key: TokenizerKey,
+    load: impl FnOnce() -> anyhow::Result<Tokenizer>,
+) -> anyhow::Result<Arc<Tokenizer>> {
+    let mut loaded = TOKENIZERS.lock().unwrap_or_else(|e| e.into_inner());
+    loaded.retain(|(_, t)| t.strong_count() > 0);
+    if let Some(t) = loaded.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
+        return Ok(t);
+    }
+    let t = Arc::new(load()?);
+    loaded.push((key, Arc::downgrade(&t)));
+    Ok(t)
 }
 
 /// Everything a worker needs to classify, except the session (one per worker).
@@ -105,6 +135,15 @@ impl ModelAssets {
     /// Errors: a file missing, changed (named, with the expected and the actual digest) or
     /// read by the loader but not listed in the manifest; a file that does not parse.
     pub fn load(dir: &Path) -> anyhow::Result<ModelAssets> {
+        ModelAssets::load_windows(dir, Windows::default())
+    }
+
+    /// [`ModelAssets::load`], reading long texts in `windows`. The tokenizer is shared with every
+    /// model already loaded in this process from the same tokenizer file for the same window
+    /// length and overlap ([`shared_tokenizer`]): a confirm or shadow model cut to the served
+    /// vocabulary holds no copy of its own. Errors: as [`ModelAssets::load`], and `windows` out
+    /// of range ([`Windows::configure`]).
+    pub fn load_windows(dir: &Path, windows: Windows) -> anyhow::Result<ModelAssets> {
         let verified = manifest::verify(dir)?;
         verified.require(dir, &["model.json"])?;
         let manifest_path = dir.join("model.json");
@@ -127,12 +166,20 @@ impl ModelAssets {
             );
         }
         let tokenizer_path = dir.join(&manifest.tokenizer);
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", tokenizer_path.display()))?;
-        tokenizer.with_padding(None);
+        windows.check(manifest.max_seq_len)?;
+        let key = TokenizerKey {
+            sha256: verified.files[&manifest.tokenizer].clone(),
+            max_seq_len: manifest.max_seq_len,
+            overlap: windows.overlap,
+        };
+        let tokenizer = shared_tokenizer(key, || {
+            let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+                .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", tokenizer_path.display()))?;
+            tokenizer.with_padding(None);
+            windows.configure(&mut tokenizer, manifest.max_seq_len)?;
+            Ok(tokenizer)
+        })?;
         let pad_id = ["[PAD]", "<pad>"].iter().find_map(|t| tokenizer.token_to_id(t)).map_or(0, i64::from);
-        let windows = Windows::default();
-        windows.configure(&mut tokenizer, manifest.max_seq_len)?;
 
         let calibration_path = dir.join("calibration.json");
         let calibration: CalibrationFile = serde_json::from_slice(
@@ -168,7 +215,7 @@ impl ModelAssets {
                 temperature: calibration.temperature,
                 onnx_path,
             },
-            tokenizer: Arc::new(tokenizer),
+            tokenizer,
             pad_id,
             windows,
             ood,
@@ -411,4 +458,33 @@ fn infer<T, E: Borrow<Encoding>>(
         );
     }
     Ok(read(logits, embeddings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+    }
+
+    /// Two models from the same tokenizer file and windows hold one tokenizer; another overlap,
+    /// or a change through `with_windows` while shared, gets its own.
+    #[test]
+    fn models_with_the_same_tokenizer_share_one() {
+        let w = Windows::default();
+        let a = ModelAssets::load_windows(&models(), w).unwrap();
+        let b = ModelAssets::load_windows(&models(), Windows { max: 2, ..w }).unwrap();
+        assert!(Arc::ptr_eq(&a.tokenizer, &b.tokenizer), "the window count is not the tokenizer's");
+        let c = ModelAssets::load_windows(&models(), Windows { overlap: 16, ..w }).unwrap();
+        assert!(!Arc::ptr_eq(&a.tokenizer, &c.tokenizer));
+        let d = b.with_windows(Windows { overlap: 8, ..w }).unwrap();
+        assert!(!Arc::ptr_eq(&a.tokenizer, &d.tokenizer), "a copy, configured on its own");
+        // About 300 tokens: 3 windows at overlap 32, 3 at overlap 8 too, but fewer tokens repeated.
+        let text = "a text long enough to be cut into more than one window of tokens ".repeat(24);
+        let (wa, wd) = (a.encode(&text).unwrap().windows, d.encode(&text).unwrap().windows);
+        let tokens = |w: &[Encoding]| w.iter().map(|e| e.get_ids().len()).sum::<usize>();
+        assert!(wa.len() > 1 && tokens(&wd) < tokens(&wa), "less overlap, fewer tokens read twice");
+        assert!(ModelAssets::load_windows(&models(), Windows { max: 0, ..w }).is_err(), "checked though shared");
+    }
 }

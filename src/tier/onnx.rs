@@ -74,7 +74,7 @@ impl<C: std::ops::Deref<Target = AtomicUsize>> Drop for Held<C> {
 impl OnnxPool {
     /// Loads the model from `config.dir` and starts `config.sessions` workers named `{name}-{i}`.
     pub fn start(env: &Environment, config: &ModelConfig, name: &str) -> anyhow::Result<OnnxPool> {
-        let assets = ModelAssets::load(&config.dir)?.with_windows(config.windows)?;
+        let assets = ModelAssets::load_windows(&config.dir, config.windows)?;
         let options = SessionOptions::from(config);
         let (tx, rx) = crossbeam_channel::bounded::<Job>(config.queue_capacity);
         let in_flight = Arc::new(AtomicUsize::new(0));

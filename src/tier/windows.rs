@@ -33,15 +33,22 @@ impl Default for Windows {
 }
 
 impl Windows {
-    /// Sets the tokenizer to cut texts into these windows (tokenizers' truncation with a stride:
-    /// the first window is the encoding, the rest its `overflowing` windows, each with the
-    /// special tokens).
-    pub fn configure(&self, tokenizer: &mut Tokenizer, max_seq_len: usize) -> anyhow::Result<()> {
+    /// Errors unless at least one window is read and each adds at least 8 new tokens to the one
+    /// before it (windows of `max_seq_len` tokens).
+    pub fn check(&self, max_seq_len: usize) -> anyhow::Result<()> {
         anyhow::ensure!(self.max >= 1, "`windows.max` must be at least 1");
         anyhow::ensure!(
             self.overlap + 8 <= max_seq_len,
             "`windows.overlap` must leave at least 8 new tokens per window of {max_seq_len}"
         );
+        Ok(())
+    }
+
+    /// Sets the tokenizer to cut texts into these windows (tokenizers' truncation with a stride:
+    /// the first window is the encoding, the rest its `overflowing` windows, each with the
+    /// special tokens).
+    pub fn configure(&self, tokenizer: &mut Tokenizer, max_seq_len: usize) -> anyhow::Result<()> {
+        self.check(max_seq_len)?;
         let params = TruncationParams {
             max_length: max_seq_len,
             stride: self.overlap,

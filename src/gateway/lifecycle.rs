@@ -11,6 +11,7 @@ use crate::tenant::metrics::TenantMetrics;
 use crate::tenant::Tenants;
 use crate::tier::gpu::GpuTier;
 use crate::tier::onnx::OnnxPool;
+use ort::environment::Environment;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -43,6 +44,23 @@ fn feedback(
     Ok(Some(Arc::new(started)))
 }
 
+/// The confirm model's pool (`[confirm]`; `None` without one).
+fn confirm_pool(env: &'static Environment, config: &GatewayConfig<'_>) -> anyhow::Result<Option<OnnxPool>> {
+    let start = |c| OnnxPool::start(env, c, "tiergate-confirm").map_err(|e| anyhow::anyhow!("confirm model: {e:#}"));
+    config.confirm.map(start).transpose()
+}
+
+/// The candidate model scored beside the cpu tier (`[shadow.model]`; `None` without one).
+fn shadow_model(
+    env: &'static Environment,
+    config: &GatewayConfig<'_>,
+    log: Option<Log>,
+    metrics: &mut Metrics,
+) -> anyhow::Result<Option<ShadowModel>> {
+    let share = config.shadow.share;
+    config.shadow.model.as_ref().map(|m| ShadowModel::start(env, m, share, log, metrics.registry_mut())).transpose()
+}
+
 impl Gateway {
     /// Loads ONNX Runtime, the models and the policies, and starts the background samplers,
     /// the policy watches and housekeeping. Call inside a tokio runtime (blocking work at
@@ -59,10 +77,7 @@ impl Gateway {
         }
         let env = crate::ort_lib::environment(config.model.onnxruntime.as_deref()).map_err(anyhow::Error::msg)?;
         let cpu = OnnxPool::start(env, config.model, "tiergate-cpu")?;
-        let confirm = config
-            .confirm
-            .map(|c| OnnxPool::start(env, c, "tiergate-confirm").map_err(|e| anyhow::anyhow!("confirm model: {e:#}")))
-            .transpose()?;
+        let confirm = confirm_pool(env, config)?;
         let gpu = GpuTier::start(env, config.gpu)?;
         check_prompts(gpu.as_ref(), std::iter::once(&policy).chain(route_policies.values()))?;
         let shared_quotas = config.tenants.redis.clone();
@@ -85,12 +100,7 @@ impl Gateway {
             config.audit.map(|c| crate::audit::Audit::open(c, &metrics, kafka_metrics).map(Arc::new)).transpose()?;
         let shadow_log =
             config.shadow.log.as_deref().map(|p| Log::open(p, metrics.shadow_log_dropped.clone())).transpose()?;
-        let shadow_model = config
-            .shadow
-            .model
-            .as_ref()
-            .map(|m| ShadowModel::start(env, m, config.shadow.share, shadow_log.clone(), metrics.registry_mut()))
-            .transpose()?;
+        let shadow_model = shadow_model(env, config, shadow_log.clone(), &mut metrics)?;
         let features_model = load_features_model(config.features_model, env)?;
         let drift =
             crate::drift::Monitor::start(config.drift, &config.model.dir, &cpu.info().manifest_sha256, &metrics)?;

@@ -152,44 +152,7 @@ impl Merged {
             check_thresholds(file, "features_model", f.review_at, f.block_at, problems);
         }
         if let Some((file, c)) = &self.cascade {
-            check_unit(file, "cascade.accept_below", c.accept_below, problems);
-            if let Some(r) = c.accept_risk_below {
-                // Below accept_below it has no effect (the higher applies): no error, so that raising
-                // accept_below alone stays valid.
-                check_unit(file, "cascade.accept_risk_below", r, problems);
-            }
-            check_unit(file, "cascade.ood_above", c.ood_above, problems);
-            check_unit(file, "cascade.confirm_at", c.confirm_at, problems);
-            if let Some(from) = c.confirm_from {
-                check_unit(file, "cascade.confirm_from", from, problems);
-                let stands = c.accept_below_for(1.0);
-                if from >= stands {
-                    let message = format!(
-                        "confirm_from ({from}) must be below the confidence a risk verdict needs to stand \
-                         ({stands}, accept_risk_below or accept_below): a verdict there stands unconfirmed"
-                    );
-                    problems.push(at(file, "cascade.confirm_from", message));
-                }
-            }
-            for (guess, served) in &c.language_neighbours {
-                if !c.model_languages.contains(served) {
-                    let message = format!(
-                        "language_neighbours reads `{guess}` as `{served}`, which is not in model_languages ({})",
-                        c.model_languages.join(", ")
-                    );
-                    problems.push(at(file, "cascade.language_neighbours", message));
-                }
-            }
-            if let Some(e) = c.escalate_below {
-                check_unit(file, "cascade.escalate_below", e, problems);
-                if c.accept_below > e {
-                    problems.push(at(
-                        file,
-                        "cascade",
-                        format!("accept_below ({}) must not exceed escalate_below ({e})", c.accept_below),
-                    ));
-                }
-            }
+            check_cascade(file, c, problems);
         }
         if let Some((file, r)) = &self.routing {
             check_unit(file, "routing.cpu_max_complexity", r.cpu_max_complexity, problems);
@@ -271,6 +234,46 @@ impl Merged {
 }
 
 /// `review_at` and `block_at` of section `name`: each in [0, 1], review at or below block.
+/// `[cascade]`'s ranges and combinations.
+fn check_cascade(file: &Path, c: &Cascade, problems: &mut Vec<PolicyProblem>) {
+    let at = |item: &str, message: String| PolicyProblem::in_file(file, Some(item.into()), message);
+    check_unit(file, "cascade.accept_below", c.accept_below, problems);
+    if let Some(r) = c.accept_risk_below {
+        // Below accept_below it has no effect (the higher applies): no error, so that raising
+        // accept_below alone stays valid.
+        check_unit(file, "cascade.accept_risk_below", r, problems);
+    }
+    check_unit(file, "cascade.ood_above", c.ood_above, problems);
+    check_unit(file, "cascade.confirm_at", c.confirm_at, problems);
+    if let Some(from) = c.confirm_from {
+        check_unit(file, "cascade.confirm_from", from, problems);
+        let stands = c.accept_below_for(1.0);
+        if from >= stands {
+            let message = format!(
+                "confirm_from ({from}) must be below the confidence a risk verdict needs to stand \
+                     ({stands}, accept_risk_below or accept_below): a verdict there stands unconfirmed"
+            );
+            problems.push(at("cascade.confirm_from", message));
+        }
+    }
+    for (guess, served) in &c.language_neighbours {
+        if !c.model_languages.contains(served) {
+            let message = format!(
+                "language_neighbours reads `{guess}` as `{served}`, which is not in model_languages ({})",
+                c.model_languages.join(", ")
+            );
+            problems.push(at("cascade.language_neighbours", message));
+        }
+    }
+    if let Some(e) = c.escalate_below {
+        check_unit(file, "cascade.escalate_below", e, problems);
+        if c.accept_below > e {
+            problems
+                .push(at("cascade", format!("accept_below ({}) must not exceed escalate_below ({e})", c.accept_below)));
+        }
+    }
+}
+
 fn check_thresholds(file: &Path, name: &str, review_at: f64, block_at: f64, problems: &mut Vec<PolicyProblem>) {
     check_unit(file, &format!("{name}.review_at"), review_at, problems);
     check_unit(file, &format!("{name}.block_at"), block_at, problems);

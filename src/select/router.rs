@@ -5,8 +5,8 @@
 //! path, and asks once per stage.
 
 use super::{
-    after_confirm, after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility, gpu_left, Fallback,
-    Ineligible, LoadSnapshot, Next, Outcome, Stage, Start, TierName, Tried,
+    after_confirm, after_cpu, after_failed_escalation, after_failure, after_gpu, cpu_eligibility, gpu_eligibility,
+    gpu_left, Fallback, Ineligible, LoadSnapshot, Next, Outcome, Stage, Start, TierName, Tried,
 };
 use crate::complexity::Complexity;
 use crate::policy::Policy;
@@ -219,14 +219,18 @@ mod tests {
         let recovery = router.after_failure(TierName::Confirm, Outcome::Shed, &en(), &c, PLENTY);
         assert!(matches!(recovery, Recovery::Fallback(Fallback::Rules { skipped: Some((TierName::Gpu, _)) })));
         // Never asked: below confirm_from; an ok lean; no confirm model; an eligible gpu tier.
-        for (risk, confirm, gpu) in [(0.55, true, false), (0.35, true, false), (0.65, false, false), (0.65, true, true)] {
+        for (risk, confirm, gpu) in [(0.55, true, false), (0.35, true, false), (0.65, false, false), (0.65, true, true)]
+        {
             let mut s = s.clone();
             s.confirm = confirm;
             s.gpu.unavailable = (!gpu).then(|| "none".into());
             let mut p = policy("");
             p.cascade.confirm_from = Some(if risk < 0.5 { 0.3 } else { 0.6 });
             let (_, route) = ask(&p, &s, risk);
-            assert!(!matches!(route, Route::HandOver { next: Stage::Confirm, .. }), "{risk} {confirm} {gpu}: {route:?}");
+            assert!(
+                !matches!(route, Route::HandOver { next: Stage::Confirm, .. }),
+                "{risk} {confirm} {gpu}: {route:?}"
+            );
         }
     }
 

@@ -146,8 +146,7 @@ tg_config() {  # $1 = "key=value ..." for [model] -> a config file
     for kv in $1; do
         expr+="/^\[model\]/,/^\[/ s/^${kv%%=*} = [^#]*#/${kv%%=*} = ${kv#*=}   #/;"
     done
-    # Paths relative to config/ made absolute: the copy lives elsewhere.
-    sed -e "$expr" -e "s#^dir = \"\.\./#dir = \"$ROOT/#" config/tiergate.toml > "$file"
+    sed -e "$expr" config/tiergate.toml > "$file"
     echo "$file"
 }
 start_server() {  # $1 = config name; sets SERVER (pid) and URL

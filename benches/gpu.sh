@@ -52,8 +52,7 @@ cargo build --release --quiet
 OPENLOOP="$(benches/bench_bin.sh openloop)"
 
 # ---- 2. tiergate with the in-process gpu tier ----------------------------------------------
-sed -e '/^\[gpu\]/,/^\[/ s/^backend = "none"/backend = "onnx"/' -e "s#^dir = \"../models/confirm\"#dir = \"$ROOT/models/confirm\"#" \
-    config/tiergate.toml > "$OUT/tiergate.toml"
+sed -e '/^\[gpu\]/,/^\[/ s/^backend = "none"/backend = "onnx"/' config/tiergate.toml > "$OUT/tiergate.toml"
 cp -r policies "$OUT/policies"
 # every request starts on the gpu tier while it is eligible
 sed -i -e 's/^cpu_max_complexity = .*/cpu_max_complexity = 0.0/' "$OUT/policies/routing.toml"

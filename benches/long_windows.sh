@@ -11,7 +11,7 @@ OUT=target/long_windows; mkdir -p "$OUT"; : > "$OUT/report.jsonl"; PORT=${PORT:-
 cargo build --release -q && cargo bench --bench openloop --no-run -q 2>/dev/null
 OL=$(ls -t target/release/deps/openloop-* | grep -v '\.d$' | head -1)
 for par in false true; do
-  sed -e "s#^dir = \"../models/confirm\"#dir = \"$ROOT/models/confirm\"#" -e "s#^dir = \"../models\"#dir = \"$MODEL\"#" -e "s#^dir = \"../policies\"#dir = \"$POL\"#" \
+  sed -e "s#^dir = \"../models\"#dir = \"$MODEL\"#" -e "s#^dir = \"../policies\"#dir = \"$POL\"#" \
       -e "s#^dir = \"../data/audit\"#dir = \"$ROOT/$OUT/audit\"#" -e "s#^listen = \"127.0.0.1:8080\"#listen = \"127.0.0.1:$PORT\"#" \
       -e "0,/^max_batch = [0-9]* /s//max_batch = 4 /" -e "s#^parallel = [a-z]* #parallel = $par #" config/tiergate.toml > "$OUT/config.toml"
   grep -q "^parallel = $par " "$OUT/config.toml" || { echo "config/tiergate.toml has no 'parallel = ...' line" >&2; exit 1; }

@@ -15,7 +15,7 @@ OUT=target/model_ab; mkdir -p "$OUT"; : > "$OUT/report.jsonl"; PORT=${PORT:-1870
 for rep in $(seq 1 "${AB_REPEAT:-2}"); do
   for side in A B; do
     if [ $side = A ]; then M=$1 P=$2 MB=$3 PAR=$4; else M=$5 P=$6 MB=$7 PAR=$8; fi
-    sed -e "s#^dir = \"../models/confirm\"#dir = \"$ROOT/models/confirm\"#" -e "s#^dir = \"../models\"#dir = \"$(realpath "$M")\"#" -e "s#^dir = \"../policies\"#dir = \"$(realpath "$P")\"#" \
+    sed -e "s#^dir = \"../models\"#dir = \"$(realpath "$M")\"#" -e "s#^dir = \"../policies\"#dir = \"$(realpath "$P")\"#" \
         -e "s#^dir = \"../data/audit\"#dir = \"$ROOT/$OUT/audit-$side\"#" \
         -e "0,/^max_batch = [0-9]* /s//max_batch = $MB /" -e "s#^parallel = [a-z]* #parallel = $PAR #" \
         config/tiergate.toml > "$OUT/config-$side.toml"

@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"; cd "$ROOT"
 BIN="${1:-target/release/tiergate}"
 OL="$(benches/bench_bin.sh openloop)"
 OUT=target/rss; mkdir -p "$OUT"; PORT=$(free_port); ADMIN=$(free_port)
-sed -e "s#^dir = \"../models/confirm\"#dir = \"$ROOT/models/confirm\"#" -e "s#^dir = \"../models\"#dir = \"$ROOT/models\"#" -e "s#^dir = \"../policies\"#dir = \"$ROOT/policies\"#" \
+sed -e "s#^dir = \"../models\"#dir = \"$ROOT/models\"#" -e "s#^dir = \"../policies\"#dir = \"$ROOT/policies\"#" \
     -e "s#^dir = \"../data/audit\"#dir = \"$ROOT/$OUT/audit\"#" config/tiergate.toml > "$OUT/config.toml"
 start_tiergate "$OUT/config.toml" "$PORT" "$ADMIN" "$OUT/serve.log" "$BIN"
 trap 'kill $SERVER 2>/dev/null || true' EXIT

@@ -209,8 +209,7 @@ impl Config {
         self.campaign.validate()?;
         self.feedback.validate()?;
         let s = &self.server;
-        let m = &self.model;
-        let positive = vec![
+        let positive = [
             ("server.max_body_bytes", s.max_body_bytes as u64),
             ("server.max_text_bytes", s.max_text_bytes as u64),
             ("server.default_deadline_ms", s.default_deadline_ms),
@@ -221,27 +220,27 @@ impl Config {
             ("server.idle_timeout_ms", s.idle_timeout_ms),
             ("server.http2_keep_alive_interval_ms", s.http2_keep_alive_interval_ms),
             ("server.http2_keep_alive_timeout_ms", s.http2_keep_alive_timeout_ms),
-            ("model.intra_threads", m.intra_threads as u64),
-            ("model.sessions", m.sessions as u64),
-            ("model.max_batch", m.max_batch as u64),
-            ("model.queue_capacity", m.queue_capacity as u64),
         ];
-        let extra = [("shadow.model", self.shadow.model.as_ref()), ("confirm", self.confirm.as_ref())];
-        let extra = extra.iter().filter_map(|(key, c)| Some((*key, (*c)?)));
-        let mut positive: Vec<(String, u64)> = positive.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        for (key, c) in extra.clone() {
-            positive.extend([
-                (format!("{key}.intra_threads"), c.intra_threads as u64),
-                (format!("{key}.sessions"), c.sessions as u64),
-                (format!("{key}.max_batch"), c.max_batch as u64),
-                (format!("{key}.queue_capacity"), c.queue_capacity as u64),
-            ]);
-        }
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be at least 1"));
         }
-        for (key, provider) in std::iter::once(("model", m.provider)).chain(extra.map(|(key, c)| (key, c.provider))) {
-            if provider != Provider::Cpu {
+        // Every in-process cpu model: the cpu tier's, the shadow candidate, the confirm model.
+        let models = [
+            ("model", Some(&self.model)),
+            ("shadow.model", self.shadow.model.as_ref()),
+            ("confirm", self.confirm.as_ref()),
+        ];
+        for (key, c) in models.iter().filter_map(|(key, c)| Some((*key, (*c)?))) {
+            let counts = [
+                ("intra_threads", c.intra_threads),
+                ("sessions", c.sessions),
+                ("max_batch", c.max_batch),
+                ("queue_capacity", c.queue_capacity),
+            ];
+            if let Some((name, _)) = counts.iter().find(|(_, v)| *v == 0) {
+                return Err(format!("`{key}.{name}` must be at least 1"));
+            }
+            if c.provider != Provider::Cpu {
                 return Err(format!(
                     "`{key}.provider` must be \"cpu\": the cpu tier runs on the CPU (use [gpu.onnx] for CUDA)"
                 ));

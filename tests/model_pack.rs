@@ -187,9 +187,7 @@ async fn a_long_text_on_two_sessions_scores_as_on_one() {
         windows: Windows { parallel, ..Windows::default() },
         ..Default::default()
     };
-    let mut one = ModelAssets::load(&dir)
-        .unwrap()
-        .with_windows(config(false).windows)
+    let mut one = ModelAssets::load_windows(&dir, config(false).windows)
         .unwrap()
         .classifier(env, SessionOptions::from(&config(false)), None)
         .unwrap();

@@ -205,7 +205,7 @@ impl Run<'_> {
         match result {
             Ok(v) => {
                 let route = self.router.after_verdict(tier, &v, lang, complexity, remaining);
-                self.model_step(tier, v, us, route, x.policy.cascade.confirm_at)
+                self.model_step(tier, v, us, route)
             }
             Err(e) => match self.router.after_failure(tier, Outcome::from(&e), lang, complexity, remaining) {
                 Recovery::Fallback(fallback) => Then::Stage(self.failed(tier, &e, us, fallback)),
@@ -229,8 +229,7 @@ impl Run<'_> {
     }
 
     /// Records a model tier's step for `route`: the verdict that stands, or the next stage.
-    /// `confirm_at`: the policy's, for the confirm model's step.
-    fn model_step(&mut self, tier: TierName, v: ModelVerdict, us: u64, route: Route, confirm_at: f64) -> Then {
+    fn model_step(&mut self, tier: TierName, v: ModelVerdict, us: u64, route: Route) -> Then {
         let mut step = Self::step(tier, &v, us);
         let mut skipped = None;
         let next = match route {
@@ -256,11 +255,9 @@ impl Run<'_> {
                 step.reason = note;
                 None
             }
-            Route::Confirmed { cpu } => {
+            Route::Confirmed { cpu, note } => {
                 // The cpu verdict stands, confirmed: its score decides the action.
-                let risk = v.risk_score;
-                step.reason =
-                    Some(format!("risk {risk:.3} at or above confirm_at {confirm_at}: the cpu verdict stands"));
+                step.reason = note;
                 self.path.push(step);
                 return Then::Decide(TierName::Confirm, cpu);
             }

@@ -304,14 +304,19 @@ pub fn after_gpu(v: &ModelVerdict, policy: &Policy) -> Next {
     }
 }
 
-/// After the confirm model answered `c` on a cpu verdict in the `confirm_from` band: `Ok` when
-/// it confirms the risk (calibrated risk at or above `confirm_at`), else why not.
-pub fn after_confirm(c: &ModelVerdict, policy: &Policy) -> Result<(), String> {
+/// After the confirm model answered `c` on a cpu verdict in the `confirm_from` band: `Accept`
+/// (the cpu verdict stands) when its calibrated risk is at or above `confirm_at`, else rules.
+pub fn after_confirm(c: &ModelVerdict, policy: &Policy) -> Next {
     let at = policy.cascade.confirm_at;
     match not_finite(c) {
-        Some(why) => Err(why),
-        None if c.risk_score >= at => Ok(()),
-        None => Err(format!("confirm model risk {:.3} below confirm_at {at}", c.risk_score)),
+        Some(reason) => Next::Rules { outcome: Outcome::Error, reason },
+        None if c.risk_score >= at => Next::Accept {
+            note: Some(format!("risk {:.3} at or above confirm_at {at}: the cpu verdict stands", c.risk_score)),
+        },
+        None => Next::Rules {
+            outcome: Outcome::LowConfidence,
+            reason: format!("confirm model risk {:.3} below confirm_at {at}", c.risk_score),
+        },
     }
 }
 

@@ -23,8 +23,9 @@ pub enum Route {
     /// model, the gpu tier (an escalation) or the rules. `skipped`: the gpu tier, when it was
     /// untried but ineligible on the way to the rules.
     HandOver { outcome: Outcome, reason: String, next: Stage, skipped: Option<Ineligible> },
-    /// The confirm model confirmed the unsure cpu verdict `cpu`, which stands.
-    Confirmed { cpu: ModelVerdict },
+    /// The confirm model confirmed the unsure cpu verdict `cpu`, which stands (`note` for the
+    /// confirm model's step).
+    Confirmed { cpu: ModelVerdict, note: Option<String> },
 }
 
 /// What comes after a model tier gave no verdict.
@@ -83,11 +84,7 @@ impl<'a> Router<'a> {
                 }
                 Next::Rules { outcome, reason } => {
                     let skipped = gpu.err().filter(|_| !self.tried.gpu);
-                    let confirm = outcome == Outcome::LowConfidence
-                        && snapshot.confirm
-                        && policy.cascade.confirms(v.risk_score)
-                        && self.confirming.is_none();
-                    if confirm {
+                    if outcome == Outcome::LowConfidence && snapshot.confirm && policy.cascade.confirms(v.risk_score) {
                         self.confirming = Some((v.clone(), skipped));
                         return Route::HandOver { outcome, reason, next: Stage::Confirm, skipped: None };
                     }
@@ -105,9 +102,8 @@ impl<'a> Router<'a> {
                 };
             };
             return match after_confirm(v, policy) {
-                Ok(()) => Route::Confirmed { cpu },
-                Err(reason) => {
-                    let outcome = if v.risk_score.is_finite() { Outcome::LowConfidence } else { Outcome::Error };
+                Next::Accept { note } => Route::Confirmed { cpu, note },
+                Next::Escalate { outcome, reason } | Next::Rules { outcome, reason } => {
                     Route::HandOver { outcome, reason, next: Stage::Rules, skipped }
                 }
             };
@@ -200,7 +196,10 @@ mod tests {
         assert!(matches!(route, Route::HandOver { next: Stage::Confirm, .. }), "{route:?}");
         let mut yes = verdict(0.97, Some(0.5));
         match router.after_verdict(TierName::Confirm, &yes, &en(), &c, PLENTY) {
-            Route::Confirmed { cpu } => assert_eq!(cpu.risk_score, 0.65),
+            Route::Confirmed { cpu, note } => {
+                assert_eq!(cpu.risk_score, 0.65);
+                assert!(note.unwrap().contains("at or above confirm_at"));
+            }
             other => panic!("{other:?}"),
         }
         // Below confirm_at, or NaN: to the rules, naming the gpu tier it could not use.

@@ -223,14 +223,6 @@ impl ModelAssets {
         })
     }
 
-    /// Reads long texts in `windows` (the default: [`Windows::default`]).
-    pub fn with_windows(mut self, windows: Windows) -> anyhow::Result<ModelAssets> {
-        // Copies the tokenizer only if a classifier or counter already shares it.
-        windows.configure(Arc::make_mut(&mut self.tokenizer), self.info.max_seq_len)?;
-        self.windows = windows;
-        Ok(self)
-    }
-
     /// Length of the model's `embedding` output.
     pub fn embedding_dim(&self) -> usize {
         self.ood.dim
@@ -468,18 +460,16 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
     }
 
-    /// Two models from the same tokenizer file and windows hold one tokenizer; another overlap,
-    /// or a change through `with_windows` while shared, gets its own.
+    /// Two models from the same tokenizer file and window overlap hold one tokenizer; another
+    /// overlap gets its own, configured for it.
     #[test]
     fn models_with_the_same_tokenizer_share_one() {
         let w = Windows::default();
         let a = ModelAssets::load_windows(&models(), w).unwrap();
         let b = ModelAssets::load_windows(&models(), Windows { max: 2, ..w }).unwrap();
         assert!(Arc::ptr_eq(&a.tokenizer, &b.tokenizer), "the window count is not the tokenizer's");
-        let c = ModelAssets::load_windows(&models(), Windows { overlap: 16, ..w }).unwrap();
-        assert!(!Arc::ptr_eq(&a.tokenizer, &c.tokenizer));
-        let d = b.with_windows(Windows { overlap: 8, ..w }).unwrap();
-        assert!(!Arc::ptr_eq(&a.tokenizer, &d.tokenizer), "a copy, configured on its own");
+        let d = ModelAssets::load_windows(&models(), Windows { overlap: 8, ..w }).unwrap();
+        assert!(!Arc::ptr_eq(&a.tokenizer, &d.tokenizer));
         // About 300 tokens: 3 windows at overlap 32, 3 at overlap 8 too, but fewer tokens repeated.
         let text = "a text long enough to be cut into more than one window of tokens ".repeat(24);
         let (wa, wd) = (a.encode(&text).unwrap().windows, d.encode(&text).unwrap().windows);

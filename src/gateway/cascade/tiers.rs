@@ -183,7 +183,9 @@ impl Tiers<'_> {
                 let call = async {
                     let prepared = Prepared { encoded: None, lang: Some(lang.clone()) };
                     let input = TierInput::Text { text: Arc::clone(text), prepared, prompt: None };
-                    confirm.classify(input, deadline).await
+                    let r = confirm.classify(input, deadline).await;
+                    live.observe_batch(TierName::Confirm, &r);
+                    r
                 };
                 live.through(TierName::Confirm, deadline, Some(&lang), call).await
             }

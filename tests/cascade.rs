@@ -205,7 +205,7 @@ async fn saturated_cpu_routes_to_gpu_and_both_saturated_sheds() {
     assert_eq!(r.headers["retry-after"], "3");
     let e = r.json();
     assert_eq!(e["error"]["code"], "overloaded");
-    assert!(e["error"]["message"].as_str().unwrap().contains("both model tiers saturated"), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("no model tier can take it"), "{e}");
 }
 
 #[tokio::test]

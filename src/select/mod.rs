@@ -221,7 +221,7 @@ pub fn start(complexity: &Complexity, policy: &Policy, s: &LoadSnapshot, remaini
                 WhenSaturated::Rules => Stage::Rules,
                 WhenSaturated::Shed => Stage::Shed,
             };
-            (stage, format!("both model tiers saturated: cpu: {c}; gpu: {g}"))
+            (stage, format!("no model tier can take it: cpu: {c}; gpu: {g}"))
         }
     };
     Start { stage, reason, complexity: complexity.score, cpu, gpu }

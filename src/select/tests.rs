@@ -132,7 +132,7 @@ fn both_saturated_goes_to_rules_or_sheds_as_the_policy_says() {
     sig.gpu.in_flight = 4;
     let s = start(&complexity(0.1), &policy(""), &sig, PLENTY);
     assert_eq!(s.stage, Stage::Rules);
-    assert!(s.reason.contains("both model tiers saturated"), "{}", s.reason);
+    assert!(s.reason.contains("no model tier can take it"), "{}", s.reason);
     assert!(s.reason.contains("gpu admission: 4 in flight, max_in_flight 4"), "{}", s.reason);
     let shed = policy("[routing]\nwhen_saturated = \"shed\"\n");
     assert_eq!(start(&complexity(0.1), &shed, &sig, PLENTY).stage, Stage::Shed);

@@ -15,9 +15,20 @@ use std::fmt;
 /// Parses `bytes` as one JSON value, refusing any object that repeats a key.
 ///
 /// Errors: `MalformedJson` (400) for a body that is not JSON or repeats a key (the message
-/// names the key, line and column).
+/// names the key, line and column; a lone UTF-16 surrogate escape is named as such).
 pub fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice::<Unique>(bytes).map(|u| u.0).map_err(|e| ApiError::MalformedJson(e.to_string()))
+    serde_json::from_slice::<Unique>(bytes).map(|u| u.0).map_err(|e| ApiError::MalformedJson(explain(&e)))
+}
+
+/// serde_json's message, with what a `\uD800`-`\uDFFF` error means: its own words ("unexpected
+/// end of hex escape") name the parser's state, not the client's mistake.
+fn explain(e: &serde_json::Error) -> String {
+    let m = e.to_string();
+    if m.contains("surrogate") || m.contains("hex escape") {
+        format!("{m}: an escape in \\uD800-\\uDFFF must be one half of a UTF-16 surrogate pair (a lone surrogate is not a Unicode character)")
+    } else {
+        m
+    }
 }
 
 /// A `serde_json::Value` whose objects were read without repeated keys.
@@ -119,5 +130,14 @@ mod tests {
             assert_eq!(parse(body.as_bytes()).unwrap(), want, "{body}");
         }
         assert!(matches!(parse(b"{not json"), Err(ApiError::MalformedJson(_))));
+    }
+
+    #[test]
+    fn a_lone_surrogate_is_named() {
+        for body in [r#"{"text":"a\ud800"}"#, r#"{"text":"\ud800b"}"#, r#"{"text":"\udc00"}"#] {
+            let err = parse(body.as_bytes()).unwrap_err();
+            assert!(matches!(&err, ApiError::MalformedJson(m) if m.contains("surrogate pair")), "{body}: {err:?}");
+        }
+        assert_eq!(parse(r#"{"text":"\ud83d\ude00"}"#.as_bytes()).unwrap()["text"], "\u{1F600}");
     }
 }

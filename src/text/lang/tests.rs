@@ -118,3 +118,27 @@ fn a_close_neighbours_guess_is_the_served_language_when_the_letters_or_words_say
     // Other guesses stand.
     assert_eq!(n("Привет, как дела", L::Bul), None);
 }
+
+#[test]
+fn mandarin_in_pinyin_is_its_own_language_tag() {
+    // A new-user probe: pinyin scams reached a model trained on Chinese characters as some Latin
+    // language and were allowed at 0.01-0.03. "cmn-Latn" is not in the bundled model_languages.
+    for text in [
+        "ni de yin hang ka bei dong jie le, qing li ji zhuan zhang dao an quan zhang hu, bu yao gao su jia ren",
+        "nin de yinhang zhanghu yi bei dongjie, qing mashang lianxi kefu",
+        "Wǒ shì nǐ de lǎobǎn, mǎshàng zhuǎn zhàng gěi wǒ, bié gàosu biérén",
+    ] {
+        let l = detect(text);
+        assert_eq!((l.code, l.script, l.reliable), ("cmn-Latn", "Latn", true), "{text}");
+    }
+    // Latin-script languages whose short words are often pinyin syllables stay themselves.
+    for (text, code) in [
+        ("Bu, tadi ada WA ngaku Bu Siti minta transfer, saya telpon Bu Siti langsung ternyata bukan dia", "ind"),
+        ("Tu recibo de la hipoteca de junio se ha cargado en tu cuenta, capital pendiente en la app", "spa"),
+        ("Me passa o código que chegou aí? O entregador está aqui na portaria esperando", "por"),
+        ("Hi Mei, can you send me the deck before the meeting? Thanks, see you at ten", "eng"),
+    ] {
+        let l = detect(text);
+        assert!(l.code == code || (l.code == "und" && l.guess != "cmn-Latn"), "{text}: {l:?}");
+    }
+}

@@ -115,7 +115,7 @@ fn check_records(dir: &Path, id: &str, kind: &str, action: &str, text: &str) {
     assert!(shadows <= 1 && found.len() == 1 + shadows, "{id}: {found:?}");
     if action == "unscreened" {
         assert_eq!((r.tier.as_str(), r.label, r.risk_score), ("unscreened", None, None));
-        assert!(r.path[0]["reason"].as_str().unwrap().contains("saturated"), "{:?}", r.path);
+        assert!(r.path[0]["reason"].as_str().unwrap().contains("no model tier can take it"), "{:?}", r.path);
     } else {
         assert_eq!(r.tenant.as_deref(), Some("acme"));
         assert_eq!(r.model.sha256.as_deref().map(str::len), Some(64), "the model's manifest digest");

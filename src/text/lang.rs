@@ -153,30 +153,21 @@ fn detect_window(window: &str) -> Language {
         .map(|c| letter_weight(unicode_script::UnicodeScript::script(&c)))
         .sum();
     let enough = weighted >= MIN_LETTERS;
-    if info.script() == whatlang::Script::Latin && pinyin(sample) {
-        // No ISO 639-3 code tells Mandarin in pinyin apart from Mandarin in characters, and a
-        // model measured on characters does not read it: the language-script tag keeps it out of
-        // `model_languages` (which may list it for a model that does read pinyin).
-        return Language {
-            code: "cmn-Latn",
-            guess: "cmn-Latn",
-            script: "Latn",
-            confidence: 1.0,
-            reliable: true,
-            elsewhere: None,
-        };
-    }
-    if info.script() == whatlang::Script::Latin && romanised_hindi(sample) {
-        // whatlang has no profile for Hindi in Latin letters (it guesses Indonesian, Tagalog or
-        // English), so its own answer would be wrong either way.
-        return Language {
-            code: "hin",
-            guess: "hin",
-            script: "Latn",
-            confidence: 1.0,
-            reliable: true,
-            elsewhere: None,
-        };
+    // Latin-script languages whatlang has no profile for, named on evidence of their own. Mandarin
+    // in pinyin: no ISO 639-3 code tells it apart from Mandarin in characters, and a model measured
+    // on characters does not read it, so the language-script tag keeps it out of `model_languages`
+    // (which may list it for a model that does). Hindi in Latin letters: whatlang guesses
+    // Indonesian, Tagalog or English, wrong either way.
+    let latin = info.script() == whatlang::Script::Latin;
+    let named = if latin && pinyin(sample) {
+        Some("cmn-Latn")
+    } else if latin && romanised_hindi(sample) {
+        Some("hin")
+    } else {
+        None
+    };
+    if let Some(code) = named {
+        return Language { code, guess: code, script: "Latn", confidence: 1.0, reliable: true, elsewhere: None };
     }
     let reliable = enough && (info.confidence() >= MIN_CONFIDENCE || beats_english(sample, info.lang()));
     // A neighbour's evidence only matters for a guess that is used.

@@ -25,7 +25,10 @@ pub fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
 fn explain(e: &serde_json::Error) -> String {
     let m = e.to_string();
     if m.contains("surrogate") || m.contains("hex escape") {
-        format!("{m}: an escape in \\uD800-\\uDFFF must be one half of a UTF-16 surrogate pair (a lone surrogate is not a Unicode character)")
+        format!(
+            "{m}: an escape in \\uD800-\\uDFFF must be one half of a UTF-16 surrogate pair \
+             (a lone surrogate is not a Unicode character)"
+        )
     } else {
         m
     }

@@ -252,8 +252,7 @@ async fn decide_with(
     tenant: Option<&str>,
     cpu: f64,
 ) -> Decision {
-    let recorded =
-        Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), gpu: None, features: None, cpu_temperature: None, confirm: None };
+    let recorded = Recorded { cpu: Some(Ok(verdict(cpu, 0.5))), ..Default::default() };
     replay(policy, request(text, features, tenant), snapshot(false), recorded).await.unwrap()
 }
 
@@ -335,13 +334,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     );
     let req = |text: &str| request(text, serde_json::json!({}), None);
     // Confidence 0.7 is not below accept_below 0.7: the cpu verdict stands in every scenario.
-    let stands = || Recorded {
-        cpu: Some(Ok(verdict(0.7, 0.5))),
-        gpu: None,
-        features: None,
-        cpu_temperature: None,
-        confirm: None,
-    };
+    let stands = || Recorded { cpu: Some(Ok(verdict(0.7, 0.5))), ..Default::default() };
     let (plain, payments, lenient) = (
         replay_in(&p, None, req("a text"), snapshot(false), stands()).await.unwrap(),
         replay_in(&p, Some("payments"), req("a text"), snapshot(false), stands()).await.unwrap(),
@@ -353,13 +346,7 @@ async fn a_scenario_changes_the_action_for_the_same_verdict_and_chooses_its_rule
     assert_eq!(action(&payments), Action::Block, "block_at 0.6 there");
     assert_eq!(action(&lenient), Action::Review, "review_at 0.5 there");
     // An unsure verdict goes to rules; none may decide in `lenient`, so the default does.
-    let unsure = || Recorded {
-        cpu: Some(Ok(verdict(0.6, 0.5))),
-        gpu: None,
-        features: None,
-        cpu_temperature: None,
-        confirm: None,
-    };
+    let unsure = || Recorded { cpu: Some(Ok(verdict(0.6, 0.5))), ..Default::default() };
     let all = replay_in(&p, None, req("your password please"), snapshot(false), unsure()).await.unwrap();
     assert_eq!(
         (all.tier, all.rule.as_deref(), all.action),

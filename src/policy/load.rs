@@ -233,7 +233,6 @@ impl Merged {
     }
 }
 
-/// `review_at` and `block_at` of section `name`: each in [0, 1], review at or below block.
 /// `[cascade]`'s ranges and combinations.
 fn check_cascade(file: &Path, c: &Cascade, problems: &mut Vec<PolicyProblem>) {
     let at = |item: &str, message: String| PolicyProblem::in_file(file, Some(item.into()), message);
@@ -251,7 +250,7 @@ fn check_cascade(file: &Path, c: &Cascade, problems: &mut Vec<PolicyProblem>) {
         if from >= stands {
             let message = format!(
                 "confirm_from ({from}) must be below the confidence a risk verdict needs to stand \
-                     ({stands}, accept_risk_below or accept_below): a verdict there stands unconfirmed"
+                 ({stands}, accept_risk_below or accept_below): a verdict there stands unconfirmed"
             );
             problems.push(at("cascade.confirm_from", message));
         }
@@ -274,6 +273,7 @@ fn check_cascade(file: &Path, c: &Cascade, problems: &mut Vec<PolicyProblem>) {
     }
 }
 
+/// `review_at` and `block_at` of section `name`: each in [0, 1], review at or below block.
 fn check_thresholds(file: &Path, name: &str, review_at: f64, block_at: f64, problems: &mut Vec<PolicyProblem>) {
     check_unit(file, &format!("{name}.review_at"), review_at, problems);
     check_unit(file, &format!("{name}.block_at"), block_at, problems);

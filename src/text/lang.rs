@@ -158,10 +158,10 @@ fn detect_window(window: &str) -> Language {
     // on characters does not read it, so the language-script tag keeps it out of `model_languages`
     // (which may list it for a model that does). Hindi in Latin letters: whatlang guesses
     // Indonesian, Tagalog or English, wrong either way.
-    let latin = info.script() == whatlang::Script::Latin;
-    let named = if latin && pinyin(sample) {
+    let words = if info.script() == whatlang::Script::Latin { lower_words(sample) } else { Vec::new() };
+    let named = if pinyin(&words) {
         Some("cmn-Latn")
-    } else if latin && romanised_hindi(sample) {
+    } else if romanised_hindi(&words) {
         Some("hin")
     } else {
         None
@@ -318,12 +318,12 @@ fn pinyin_syllables() -> &'static std::collections::HashSet<&'static str> {
 /// Fewest words a sample needs before it can read as pinyin.
 const MIN_PINYIN_WORDS: usize = 6;
 
-/// A word of pinyin, lower case and without tone marks (`zhuǎn` -> `zhuan`, `lǜ` -> `lv`), or
+/// A lower-case word of pinyin without its tone marks (`zhuǎn` -> `zhuan`, `lǜ` -> `lv`), or
 /// `None` when it has a letter pinyin does not write (an accent other than its tone marks:
 /// Vietnamese `bão`, Turkish `ş`).
 fn toneless(word: &str) -> Option<String> {
     word.chars()
-        .map(|c| match c.to_lowercase().next().unwrap_or(c) {
+        .map(|c| match c {
             c @ 'a'..='z' => Some(c),
             'ā' | 'á' | 'ǎ' | 'à' => Some('a'),
             'ē' | 'é' | 'ě' | 'è' => Some('e'),
@@ -353,16 +353,18 @@ fn joined_syllables(word: &str) -> bool {
     reach[n]
 }
 
-/// Whether a Latin-script sample is Mandarin written in pinyin (a scam spelled so that filters
-/// for Chinese characters miss it, which a model trained on Chinese characters cannot read):
-/// at least [`MIN_PINYIN_WORDS`] words, every one of them plain or tone-marked Latin, and either
+/// Whether a Latin-script sample's words ([`lower_words`]) are Mandarin written in pinyin (a scam
+/// spelled so that filters for Chinese characters miss it, which a model trained on Chinese
+/// characters cannot read): at least [`MIN_PINYIN_WORDS`] words without digits, every one of
+/// them plain or tone-marked Latin, and either
 /// three in four of them single syllables (`ni de yin hang ka`) or nine in ten of them syllables
 /// written together (`nin de yinhang zhanghu`). No labelled text of tests/data and the recipe's
-/// data (56,105 in 21 languages) meets either share: the highest are 0.57 single syllables
+/// data (56,105 in 21 languages) meets either share: the highest are 0.59 single syllables
 /// (Portuguese chat) and 0.83 syllables written together (a six-word Indonesian line).
-fn pinyin(sample: &str) -> bool {
+fn pinyin(words: &[String]) -> bool {
+    // Numbers (amounts, card and phone numbers) are no evidence either way.
     let words: Option<Vec<String>> =
-        sample.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).map(toneless).collect();
+        words.iter().filter(|w| !w.chars().any(|c| c.is_ascii_digit())).map(|w| toneless(w)).collect();
     let Some(words) = words.filter(|w| w.len() >= MIN_PINYIN_WORDS) else {
         return false;
     };
@@ -372,12 +374,11 @@ fn pinyin(sample: &str) -> bool {
     single * 4 >= words.len() * 3 || joined * 10 >= words.len() * 9
 }
 
-/// Whether a Latin-script sample reads as romanised Hindi: at least three distinct words of
-/// [`HINDI_LATN`], making up a fifth of its words or more. English chat with a Hindi word or two
-/// ("thanks bhai, see you kal") stays English.
-fn romanised_hindi(sample: &str) -> bool {
-    let words = lower_words(sample);
-    let hits = listed(&words, HINDI_LATN);
+/// Whether a Latin-script sample's words ([`lower_words`]) read as romanised Hindi: at least
+/// three distinct words of [`HINDI_LATN`], making up a fifth of its words or more. English chat
+/// with a Hindi word or two ("thanks bhai, see you kal") stays English.
+fn romanised_hindi(words: &[String]) -> bool {
+    let hits = listed(words, HINDI_LATN);
     hits.len() >= 3 && hits.iter().map(|&(_, n)| n).sum::<usize>() * 5 >= words.len()
 }
 

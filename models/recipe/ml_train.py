@@ -89,6 +89,42 @@ def evaluate(model, tag, out_dir):
     json.dump(R, open(os.path.join(out_dir, f"val_{tag}.json"), "w"), indent=1)
     return R
 
+def onnx_teacher_logits(path, windows, what, seed=None):
+    """Logits [len(windows), 2] (float32) of the ONNX classifier at `path` for token-id windows (each <s> .. </s>),
+    memoised by window in `path`.windows.pt (sha1 of the ids -> logits, tied to the file's sha256): a later round
+    re-scores only the windows it adds (round 18 spent 18 of its 68 minutes scoring 85,542 windows). Misses run in
+    batches of 32 sorted by length; a dynamic-INT8 teacher's scores move ~1e-2 with batch-mates, which is below what
+    distillation resolves, so a memoised score stands for any batch."""
+    import onnxruntime as ort
+    memo_path = path + ".windows.pt"
+    sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    memo = load_state(memo_path) if os.path.exists(memo_path) else None
+    if memo is None or memo.get("sha256") != sha:
+        memo = {"sha256": sha, "logits": {}}
+    keys = [hashlib.sha1(np.asarray(w, dtype=np.int32).tobytes()).digest() for w in windows]
+    if seed is not None:                                 # positional logits of these same windows (MEMO_FROM)
+        assert seed["done"] == len(windows) and len(seed["logits"]) == len(windows), "MEMO_FROM is of other windows"
+        for j, (k, row) in enumerate(zip(keys, seed["logits"].numpy())):
+            if j not in seed["skip"]:
+                memo["logits"].setdefault(k, row.astype(np.float32))
+        torch.save(memo, memo_path + ".tmp"); os.replace(memo_path + ".tmp", memo_path)
+    miss = sorted({k: i for i, k in enumerate(keys) if k not in memo["logits"]}.values(), key=lambda i: len(windows[i]))
+    print(f"teacher (onnx) {what}: {len(windows)} windows, {len(miss)} distinct ones not memoised yet", flush=True)
+    if miss:
+        so = ort.SessionOptions(); so.intra_op_num_threads = int(os.environ.get("THREADS", 2))
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        t0 = time.time()
+        for b0 in range(0, len(miss), 32):
+            b = miss[b0:b0 + 32]; ids, m = pad_batch([windows[j] for j in b])
+            out = sess.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": m.numpy()})[0]
+            for j, row in zip(b, out):
+                memo["logits"][keys[j]] = row.astype(np.float32)
+            if (b0 // 32) % 64 == 63 or b0 + 32 >= len(miss):   # every 2,048 windows: resumable
+                torch.save(memo, memo_path + ".tmp"); os.replace(memo_path + ".tmp", memo_path)
+                el = time.time() - t0; n = min(b0 + 32, len(miss))
+                print(f"teacher (onnx) {what} {n}/{len(miss)} {n / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
+    return np.stack([memo["logits"][k] for k in keys]).astype(np.float32)
+
 def WANTS_IDX(f):
     import inspect
     return "idx" in inspect.signature(f).parameters
@@ -232,8 +268,8 @@ elif cmd == "kd":
     # variants of each (TinyBERT's data augmentation, Jiao et al. 2020 sec. 3.3, in token space): a random other window
     # of a long text, a random token deletion (12 %), a reordering of two or three spans, a random prefix (>= 1/2), or
     # the text after the start of a random other example (a request at the end of an ordinary message). The teacher
-    # scores every window once (cached in teacher_logits.pt, resumable); the hard-label term applies to the originals
-    # only, since an augmented window's label is the teacher's to say.
+    # scores every window once (an ONNX teacher memoised by window, a torch teacher in teacher_logits.pt; both
+    # resumable); the hard-label term applies to the originals only, since an augmented window's label is the teacher's.
     INIT = os.environ.get("INIT") or os.path.join(ckpt_root, f"student_L{N_ST}", "model.pt")
     AUG, KD_EPOCHS = int(os.environ.get("AUG_COPIES", 2)), float(os.environ.get("KD_EPOCHS", 3))
     KD_LR, KD_T, ALPHA = float(os.environ.get("KD_LR", 1e-4)), float(os.environ.get("KD_T", 1.0)), float(os.environ.get("ALPHA_HARD", 0.1))
@@ -264,18 +300,15 @@ elif cmd == "kd":
         # not necessarily in the window ml_prepare.py named (its first, or its last for 'long'/'buried' kinds): a scam
         # request at the end of a newsletter or group chat would teach "newsletter = risk" from the first window and
         # never show the request. Its original becomes the served window the teacher (TEACHER_ONNX) scores riskiest.
-        import onnxruntime as ort
         assert TEACHER_ONNX, "RISK_WINDOW=riskiest needs TEACHER_ONNX to rank the windows"
-        so = ort.SessionOptions(); so.intra_op_num_threads = int(os.environ.get("THREADS", 2))
-        rank = ort.InferenceSession(TEACHER_ONNX, so, providers=["CPUExecutionProvider"])
         moved = 0; longs = [i for i, (r, f) in enumerate(zip(rows, full)) if r["label"] == 1 and len(f) - 2 > MAX_LEN - 2]
-        for i in longs:
-            ws = served_windows(full[i]); ids, m = pad_batch(ws)
-            lg = rank.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": m.numpy()})[0]
-            best = ws[int(np.argmax(lg[:, 1] - lg[:, 0]))]
+        wins = [served_windows(full[i]) for i in longs]
+        lg = onnx_teacher_logits(TEACHER_ONNX, [w for ws in wins for w in ws], "ranking")
+        o = 0
+        for i, ws in zip(longs, wins):
+            best = ws[int(np.argmax(lg[o:o + len(ws), 1] - lg[o:o + len(ws), 0]))]; o += len(ws)
             moved += best != base_enc[i]; base_enc[i] = best
         print(f"RISK_WINDOW=riskiest: {moved} of {len(longs)} long risk texts now train on another window", flush=True)
-        del rank
     enc = list(base_enc); labels = [r["label"] for r in rows]
     if os.environ.get("OK_WINDOWS", "0") == "1":
         # An ordinary text is ordinary in every window, and the server lets the riskiest window decide: so every
@@ -293,25 +326,20 @@ elif cmd == "kd":
     cache = os.path.join(ckdir, "teacher_logits.pt")
     fp = fingerprint({"what": "kd", "AUG": AUG, "SEED": SEED, "n": len(enc), **({"onnx": TEACHER_ONNX} if TEACHER_ONNX else {}),
                       **({"risk_window": RISK_WINDOW} if RISK_WINDOW != "prepared" else {})})
-    T = load_state(cache) if os.path.exists(cache) else None
-    if T is None or T["fp"] != fp:
-        T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}
+    if TEACHER_ONNX:
+        # An ONNX teacher (round 17's, or the served model for a refresh with no teacher run, see ml_recover.py) is
+        # memoised by window; MEMO_FROM = a teacher_logits.pt of a run from before the memo, with the same data and
+        # settings as this one, seeds it (round 18's, so that round 19 scored only its new windows), all but the long
+        # risk texts' riskiest windows, which this run's ranking may have picked differently.
+        old = os.environ.get("MEMO_FROM")
+        seed = {**load_state(old), "skip": set(longs) if RISK_WINDOW == "riskiest" else set()} if old else None
+        assert seed is None or seed["fp"] == fp, "MEMO_FROM was made with other data or settings"
+        T = {"fp": fp, "logits": torch.from_numpy(onnx_teacher_logits(TEACHER_ONNX, enc, "logits", seed)), "done": len(enc)}
+    else:
+        T = load_state(cache) if os.path.exists(cache) else None
+        if T is None or T["fp"] != fp:
+            T = {"fp": fp, "logits": torch.zeros(len(enc), 2), "done": 0}
     tpath = os.environ.get("TEACHER") or os.path.join(ckpt_root, "teacher", "model.pt")
-    if T["done"] < len(enc) and TEACHER_ONNX:
-        # The served model as the teacher (a data refresh with no teacher run, see ml_recover.py): ONNX Runtime scores
-        # every window; a static QDQ model's scores do not depend on padding or batch-mates.
-        import onnxruntime as ort
-        so = ort.SessionOptions(); so.intra_op_num_threads = int(os.environ.get("THREADS", 2))
-        sess = ort.InferenceSession(TEACHER_ONNX, so, providers=["CPUExecutionProvider"])
-        t0 = time.time(); start = T["done"]
-        for s0 in range(start, len(enc), 512):
-            idx = sorted(range(s0, min(s0 + 512, len(enc))), key=lambda j: len(enc[j]))
-            for b0 in range(0, len(idx), 32):
-                b = idx[b0:b0 + 32]; ids, m = pad_batch([enc[j] for j in b])
-                T["logits"][b] = torch.from_numpy(sess.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": m.numpy()})[0])
-            T["done"] = min(s0 + 512, len(enc)); torch.save(T, cache + ".tmp"); os.replace(cache + ".tmp", cache)
-            el = time.time() - t0
-            print(f"teacher (onnx) logits {T['done']}/{len(enc)} {(T['done'] - start) / el:.1f} seq/s elapsed {el:.0f}s", flush=True)
     if T["done"] < len(enc):
         teacher = MLRiskClassifier(base); teacher.load_state_dict(load_state(tpath)); teacher.eval(); teacher.to(DEV)
         t0 = time.time(); start = T["done"]

@@ -327,3 +327,33 @@ fn a_context_binds_what_its_class_reads_and_every_variable_can_be_read() {
         assert_eq!(allow, ClassVerdict::default());
     }
 }
+
+#[test]
+fn gift_card_codes_requested_raises_in_every_script_and_spares_warnings_and_presents() {
+    let p = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
+    let guard = |text: &str| {
+        let c = crate::text::canonicalize(text);
+        let signals = p.rules.count_signals(&c.text);
+        let features = serde_json::Map::new();
+        let input = input(&c.text, &signals, &features, &c.obfuscation, None);
+        p.rules.guard(&input).matched.map(|(name, action, _)| (name, action))
+    };
+    let raised = Some(("gift_card_codes_requested".to_string(), Action::Review));
+    for scam in [
+        "I'm in a meeting, buy 4 Apple gift cards of $100 and send me photos of the back of the cards",
+        "在嗎？幫我去7-11買GASH點數3000點，拍序號給我，明天還你",
+        "帮我买两张京东卡，刮开后把卡密发我",
+        "Compra dos tarjetas de regalo de Google Play y envíame los códigos",
+    ] {
+        assert_eq!(guard(scam), raised, "{scam}");
+    }
+    for ordinary in [
+        "Never share gift card codes with anyone who calls you. Scammers ask for them.",
+        "Got Mia an Amazon gift card for her birthday, the code is in the envelope",
+        "Your Amazon order has shipped. Track it in the app.",
+        "生日快乐！送你一张星巴克礼品卡，记得去店里用",
+        "提醒：有人冒充主管要求大家购买礼品卡并拍照发回卡密，这是诈骗，请勿理会",
+    ] {
+        assert_eq!(guard(ordinary), None, "{ordinary}");
+    }
+}

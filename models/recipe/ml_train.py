@@ -89,7 +89,7 @@ def evaluate(model, tag, out_dir):
     json.dump(R, open(os.path.join(out_dir, f"val_{tag}.json"), "w"), indent=1)
     return R
 
-def onnx_teacher_logits(path, windows, what, seed=None):
+def onnx_teacher_logits(path, windows, what):
     """Logits [len(windows), 2] (float32) of the ONNX classifier at `path` for token-id windows (each <s> .. </s>),
     memoised by window in `path`.windows.pt (sha1 of the ids -> logits, tied to the file's sha256): a later round
     re-scores only the windows it adds (round 18 spent 18 of its 68 minutes scoring 85,542 windows). Misses run in
@@ -102,12 +102,6 @@ def onnx_teacher_logits(path, windows, what, seed=None):
     if memo is None or memo.get("sha256") != sha:
         memo = {"sha256": sha, "logits": {}}
     keys = [hashlib.sha1(np.asarray(w, dtype=np.int32).tobytes()).digest() for w in windows]
-    if seed is not None:                                 # positional logits of these same windows (MEMO_FROM)
-        assert seed["done"] == len(windows) and len(seed["logits"]) == len(windows), "MEMO_FROM is of other windows"
-        for j, (k, row) in enumerate(zip(keys, seed["logits"].numpy())):
-            if j not in seed["skip"]:
-                memo["logits"].setdefault(k, row.astype(np.float32))
-        torch.save(memo, memo_path + ".tmp"); os.replace(memo_path + ".tmp", memo_path)
     miss = sorted({k: i for i, k in enumerate(keys) if k not in memo["logits"]}.values(), key=lambda i: len(windows[i]))
     print(f"teacher (onnx) {what}: {len(windows)} windows, {len(miss)} distinct ones not memoised yet", flush=True)
     if miss:
@@ -328,13 +322,8 @@ elif cmd == "kd":
                       **({"risk_window": RISK_WINDOW} if RISK_WINDOW != "prepared" else {})})
     if TEACHER_ONNX:
         # An ONNX teacher (round 17's, or the served model for a refresh with no teacher run, see ml_recover.py) is
-        # memoised by window; MEMO_FROM = a teacher_logits.pt of a run from before the memo, with the same data and
-        # settings as this one, seeds it (round 18's, so that round 19 scored only its new windows), all but the long
-        # risk texts' riskiest windows, which this run's ranking may have picked differently.
-        old = os.environ.get("MEMO_FROM")
-        seed = {**load_state(old), "skip": set(longs) if RISK_WINDOW == "riskiest" else set()} if old else None
-        assert seed is None or seed["fp"] == fp, "MEMO_FROM was made with other data or settings"
-        T = {"fp": fp, "logits": torch.from_numpy(onnx_teacher_logits(TEACHER_ONNX, enc, "logits", seed)), "done": len(enc)}
+        # memoised by window.
+        T = {"fp": fp, "logits": torch.from_numpy(onnx_teacher_logits(TEACHER_ONNX, enc, "logits")), "done": len(enc)}
     else:
         T = load_state(cache) if os.path.exists(cache) else None
         if T is None or T["fp"] != fp:

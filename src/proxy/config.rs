@@ -12,7 +12,8 @@ pub struct ProxyConfig {
     pub connect_timeout_ms: u64,
     /// Idle keep-alive connections to apps are closed after this long, ms.
     pub pool_idle_timeout_ms: u64,
-    /// Most idle keep-alive connections kept per app address.
+    /// Most idle keep-alive connections kept per app address, per runtime thread (each thread
+    /// forwards through its own pool: [`crate::proxy::Proxy`]).
     pub pool_max_idle_per_host: usize,
     /// Pseudonym added to `Via` (RFC 9110 §7.6.3); empty: no `Via` header is added.
     pub via: String,

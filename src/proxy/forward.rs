@@ -176,7 +176,7 @@ impl Proxy {
     /// Sends one request; the response-head timeout runs from the end of the upload, so a large
     /// or slow upload is bounded by the body idle timeout instead, and is not the app's delay.
     async fn attempt(&self, route: &Route, request: Request<BoxBody>) -> Attempt {
-        let client = if route.http2 { &self.http2 } else { &self.http1 };
+        let client = self.client(route);
         let (parts, body) = request.into_parts();
         let (body, mut upload) = Tracked::wrap(body, route.body_idle_timeout);
         let head_timeout = route.response_header_timeout;

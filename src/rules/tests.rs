@@ -357,33 +357,3 @@ fn gift_card_codes_requested_raises_in_every_script_and_spares_warnings_and_pres
         assert_eq!(guard(ordinary), None, "{ordinary}");
     }
 }
-
-#[test]
-fn sideloaded_app_raises_an_installer_in_any_language_and_spares_warnings_against_it() {
-    let p = Policy::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap();
-    let guard = |text: &str| {
-        let c = crate::text::canonicalize(text);
-        let signals = p.rules.count_signals(&c.text);
-        let features = serde_json::Map::new();
-        let input = input(&c.text, &signals, &features, &c.obfuscation, None);
-        p.rules.guard(&input).matched.map(|(name, action, _)| (name, action))
-    };
-    let raised = Some(("sideloaded_app".to_string(), Action::Review));
-    for scam in [
-        "Bro match was crazy yesterday! Btw install this challan app to check your fine: echallan-pay.apk",
-        "Permisi kak, ini foto paketnya ya, tolong dicek dulu 🙏 [Foto_Paket.apk]",
-        "您的违章记录已生成，请下载 交管查询.apk 查看处理",
-        "[청첩장] 저희 결혼합니다. 모바일 청첩장 보기: wedding-card.apk",
-    ] {
-        assert_eq!(guard(scam), raised, "{scam}");
-    }
-    for ordinary in [
-        "JNE: Kiriman Anda sedang dalam perjalanan. JNE tidak pernah mengirim file .apk.",
-        "Heads up: never install an .apk someone sends you on WhatsApp, banks never send them.",
-        "有人给我发了个“违章照片.apk”，一看就是木马，别点",
-        "Koi bhi .apk file kisi ke kehne pe download na karein.",
-        "Your parcel is out for delivery. Track it in the app.",
-    ] {
-        assert_eq!(guard(ordinary), None, "{ordinary}");
-    }
-}

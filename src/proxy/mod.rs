@@ -66,8 +66,8 @@ pub struct Proxy {
     /// One pair of clients (HTTP/1.1, HTTP/2) per runtime thread, each with its own pool: an app
     /// connection is driven by a task that stays, as a rule, on the thread that opened it, so a
     /// shared pool hands a request one thread's connection from another and wakes that thread
-    /// for it. Per thread, the pass-through's added p99 fell by 0.06-0.20 ms at 500-4,000
-    /// requests/s (docs/BENCHMARKS.md, "Proxy pass-through: a pool per thread").
+    /// for it. Per thread, the pass-through's added p99 went from +0.17-0.38 to +0.17-0.27 ms at
+    /// 500-4,000 requests/s (docs/BENCHMARKS.md, "Proxy pass-through: a pool per thread").
     clients: thread_local::ThreadLocal<Clients>,
     connector: HttpConnector,
     pool_idle_timeout: Duration,

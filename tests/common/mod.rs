@@ -431,8 +431,22 @@ impl Sidecar {
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
+        let exited = self.child.try_wait().ok().flatten();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test says what the server said (and whether it had already exited): the log
+        // is removed below, and a rare failure is otherwise gone with it.
+        if std::thread::panicking() {
+            let said = self.log_text();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            eprintln!(
+                "tiergate (public {}, admin {}) {}; its last log lines:\n{}",
+                self.public,
+                self.admin,
+                exited.map_or("was still running".to_string(), |s| format!("had exited: {s}")),
+                tail.join("\n")
+            );
+        }
         let _ = std::fs::remove_file(&self.log);
     }
 }

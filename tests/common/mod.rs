@@ -389,6 +389,13 @@ impl Sidecar {
         Sidecar::serve_in(dir, &repo().join("policies"), &audit)
     }
 
+    /// The last `n` lines of [`Sidecar::log_text`], in order.
+    fn log_tail(&self, n: usize) -> String {
+        let said = self.log_text();
+        let lines: Vec<&str> = said.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     /// What it has logged so far (stderr), terminal colours removed.
     pub fn log_text(&self) -> String {
         let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -414,13 +421,11 @@ impl Sidecar {
         let log = std::env::temp_dir().join(format!("tiergate-sidecar-{}-{}.log", std::process::id(), admin.port()));
         let stderr = std::fs::File::create(&log).map_or_else(|_| std::process::Stdio::null(), Into::into);
         let child = command.stderr(stderr).spawn().expect("the tiergate binary starts");
-        let mut sidecar = Sidecar { child, public, admin, log: log.clone() };
+        let mut sidecar = Sidecar { child, public, admin, log };
         let up = std::time::Instant::now();
         while std::net::TcpStream::connect(admin).is_err() {
             if sidecar.child.try_wait().unwrap().is_some() {
-                let said = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = said.lines().rev().take(5).collect();
-                panic!("tiergate exited at start (public {public}, admin {admin}): {tail:?}");
+                panic!("tiergate exited at start (public {public}, admin {admin}): {}", sidecar.log_tail(5));
             }
             assert!(up.elapsed() < std::time::Duration::from_secs(60), "tiergate did not start");
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -437,14 +442,12 @@ impl Drop for Sidecar {
         // A failing test says what the server said (and whether it had already exited): the log
         // is removed below, and a rare failure is otherwise gone with it.
         if std::thread::panicking() {
-            let said = self.log_text();
-            let tail: Vec<&str> = said.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            let state = exited.map_or("was still running".to_string(), |s| format!("had exited: {s}"));
             eprintln!(
-                "tiergate (public {}, admin {}) {}; its last log lines:\n{}",
+                "tiergate (public {}, admin {}) {state}; its last log lines:\n{}",
                 self.public,
                 self.admin,
-                exited.map_or("was still running".to_string(), |s| format!("had exited: {s}")),
-                tail.join("\n")
+                self.log_tail(20)
             );
         }
         let _ = std::fs::remove_file(&self.log);

@@ -8,7 +8,7 @@ use serde_json::json;
 use tiergate::tier::ModelConfig;
 
 /// A Hindi "your electricity will be cut tonight, call the officer at this number" SMS (a spent
-/// blind set's, `blind_ml20.jsonl` line 334): the bundled cpu model (round 18) leans risk without
+/// blind set's, `blind_ml20.jsonl` line 334): the bundled cpu model (rounds 18, 21) leans risk without
 /// the confidence a block needs, so it is the kind of verdict the confirm model is asked about.
 fn unsure_risk_text() -> String {
     let line = std::fs::read_to_string(repo().join("tests/data/blind_ml20.jsonl")).unwrap();
@@ -40,7 +40,7 @@ async fn the_confirm_model_scores_an_unsure_risk_verdict_and_its_score_decides_w
     let steps = path_steps(&d);
     assert_eq!(steps[0], ("cpu".into(), "low_confidence".into()), "precondition: an unsure cpu verdict: {d}");
     let cpu = d["path"][0]["risk_score"].as_f64().unwrap();
-    assert!((0.5..0.94).contains(&cpu), "precondition: a risk lean below accept_risk_below: {d}");
+    assert!((0.5..0.92).contains(&cpu), "precondition: a risk lean below accept_risk_below: {d}");
     assert_eq!(steps[1], ("confirm".into(), "accepted".into()), "{d}");
     let confirm = d["path"][1]["risk_score"].as_f64().unwrap();
     assert!((confirm - cpu).abs() < 1e-3, "the stand-in reads the text as the cpu tier did: {d}");

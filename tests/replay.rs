@@ -7,7 +7,8 @@
 //! default config runs the model with batching off, so a decision depends on its text only.
 //! Scores may differ by ONNX Runtime's float noise (`SCORE_TOLERANCE`); everything else must
 //! match exactly. After an intended change of decisions, rewrite the records with
-//! `TIERGATE_REPLAY_WRITE=1 cargo test --release --test replay` and review their diff.
+//! `TIERGATE_REPLAY_WRITE=1 cargo test --release --test replay` and review their diff. A blind
+//! set (`<set>.sha256` beside it) has no record until its first measurement, which writes it.
 
 mod common;
 use common::*;
@@ -69,6 +70,13 @@ async fn every_set_is_decided_as_recorded() {
     let mut differences = Vec::new();
     let mut decided = 0;
     for set in sets() {
+        if !write && !record_path(&set).exists() && set.with_extension("sha256").exists() {
+            // A blind set is committed with its sha256 before its first measurement, and decided
+            // by nothing until then (models/recipe/check_sets/); its record comes with that
+            // measurement.
+            println!("{}: a blind set not yet measured, no record yet", set.display());
+            continue;
+        }
         let texts: Vec<String> = std::fs::read_to_string(&set)
             .unwrap()
             .lines()

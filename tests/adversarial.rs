@@ -46,8 +46,9 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // time no see! ... This is Amy, do you remember me?", p 0.072; round 18 sent it to review),
     // 0.925: all five allowed here are such openers. The price of a model that on the spent sets
     // cut review 9.7 % -> 8.1 % for the same blocks and on the fresh ml25 11.2 % -> 8.8 % with
-    // one scam fewer allowed (models/MODEL_CARD.md, "Round 21").
-    ("tests/data/adversarial_b.jsonl", 5, 1, 0.90),
+    // one scam fewer allowed (models/MODEL_CARD.md, "Round 21"). Round 22 (the same evening)
+    // allows four again (Amy's opener goes back to review), 0.925.
+    ("tests/data/adversarial_b.jsonl", 4, 1, 0.90),
     // 0 allowed and 0.98 until round 7 (2026-12-05), which allows one gift-card demand ("send me
     // 150 in Amazon vouchers and I'll forward your tickets", p(risk) 0.034; 0.978 here). Round 7
     // was served for blind set ml8 (scams allowed 13 -> 8 of 420, accuracy 0.904 -> 0.917) and
@@ -56,8 +57,9 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // (encoder and lexical model, 2026-12-05) allows the voucher demand again (p 0.065; 0.963
     // here), the price of a model that on the fresh blind set ml15 allowed 3 scams where the one
     // before allowed 6, at 0.964 against 0.944 (models/MODEL_CARD.md, "Round 12"). Round 14: 0, 0,
-    // 0.970; round 18: 0, 0, 0.993.
-    ("tests/data/adversarial_c.jsonl", 0, 0, 0.99),
+    // 0.970; round 18: 0, 0, 0.993. Round 22 (2026-12-06, evening): 0, 0, 0.985 — one more message
+    // where a rule should win goes to review with the other label (models/MODEL_CARD.md, "Round 22").
+    ("tests/data/adversarial_c.jsonl", 0, 0, 0.98),
     // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
     // the bounds), but two more of its risk messages go to review by the rules' default instead
     // of a confident model verdict (0.929 -> 0.906; models/MODEL_CARD.md).
@@ -66,8 +68,8 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // and 0). Round 21 (2026-12-06, evening): 0.941, still 0 and 0 — two requests for a code (a
     // neighbour's "sent to you by accident", which round 18 blocked, and an MFA approval) go to
     // review by the rules' default, labelled ok; a defanged "photos of you" link moves to review
-    // labelled risk.
-    ("tests/data/adversarial_d.jsonl", 0, 0, 0.94),
+    // labelled risk. Round 22 (the same evening): 0.953 again.
+    ("tests/data/adversarial_d.jsonl", 0, 0, 0.95),
 ];
 
 #[tokio::test]

@@ -112,6 +112,54 @@ async fn http2_connections_without_requests_are_closed() {
     assert!((Duration::from_millis(1400)..Duration::from_millis(4000)).contains(&after), "closed after {after:?}");
 }
 
+/// An HTTP/1.1 keep-alive connection idle for longer than `header_read_timeout_ms` (but less
+/// than `idle_timeout_ms`) still serves its next request: a balancer that pools connections for
+/// up to its own idle timeout must never send into one tiergate is closing. Once idle for
+/// `idle_timeout_ms` it is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_keep_alive_outlives_the_header_read_timeout() {
+    let addr = server(|c| {
+        c.server.header_read_timeout_ms = 400;
+        c.server.idle_timeout_ms = 2500;
+    });
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    stream.write_all(get).await.unwrap();
+    assert!(read_http1_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+    // Three header-read timeouts of silence, then the next request on the same connection.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    stream.write_all(get).await.unwrap();
+    let second = read_http1_response(&mut stream).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "the idle connection was closed: {second:?}");
+    let answered = Instant::now();
+    let after = closed_after(&mut stream, answered, Duration::from_secs(8)).await.expect("closed when idle");
+    assert!((Duration::from_millis(2400)..Duration::from_millis(5000)).contains(&after), "closed after {after:?}");
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` body; empty if the connection closed
+/// first.
+async fn read_http1_response(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return String::from_utf8_lossy(&got).to_string(),
+        }
+    }
+}
+
 /// An HTTP/2 client that stops answering keep-alive pings is disconnected after
 /// `http2_keep_alive_interval_ms` + `http2_keep_alive_timeout_ms`, long before the idle timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

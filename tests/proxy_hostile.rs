@@ -228,8 +228,8 @@ async fn every_spelling_of_a_screened_path_is_screened() {
 }
 
 /// Spellings apps read differently (issue 13, item 8): a case variant meets the screened route
-/// (routes match ignoring ASCII case), a literal `\` or a `;` parameter is refused; none reaches
-/// the app unscreened.
+/// (routes match ignoring ASCII case), a literal `\` or a `;` parameter, or a standard method in
+/// another case (`post`), is refused; none reaches the app unscreened.
 #[tokio::test]
 async fn spellings_apps_read_differently_are_screened_or_refused() {
     let s = setup();
@@ -239,6 +239,16 @@ async fn spellings_apps_read_differently_are_screened_or_refused() {
         let reply = post_json(s.proxy, path, chat(PHISHING), &[]).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{path}");
         assert_eq!(reply.json()["error"]["code"], "bad_request_target", "{path}");
+    }
+    // A standard method in another case is refused: routes match `POST` exactly, while an app
+    // that folds case (Werkzeug, Rails) would serve `post` as `POST`.
+    let text = chat(PHISHING);
+    for method in ["post", "Post", "pOST"] {
+        let request = format!(
+            "{method} /echo/chat HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        assert_eq!(raw(s.proxy, request.as_bytes(), Duration::from_secs(3)).await, Some(400), "{method}");
     }
     let reached = |r: &app::Seen| r.uri == "/ECHO/Chat" || r.uri.contains(';') || r.uri.contains('\\');
     assert!(!s.app.requests().iter().any(reached), "nothing reached the app");

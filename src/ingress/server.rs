@@ -87,15 +87,19 @@ struct Shared {
     idle: Duration,
 }
 
-/// hyper's HTTP/1 and HTTP/2 settings from `[server]`: the HTTP/1 head's timeout and size, the
-/// HTTP/2 header list's size, and HTTP/2 keep-alive pings (a peer that stops answering them is
-/// gone, whatever its socket says).
+/// hyper's HTTP/1 and HTTP/2 settings from `[server]`: the HTTP/1 head's size, the HTTP/2
+/// header list's size, and HTTP/2 keep-alive pings (a peer that stops answering them is gone,
+/// whatever its socket says). hyper's own HTTP/1 header-read timer is off: it starts as soon as
+/// a keep-alive connection waits for its next request, so it would close every idle connection
+/// after `header_read_timeout_ms` (30 s by hyper's default) instead of `idle_timeout_ms`;
+/// `conn::drive` bounds the first head by the one and each later head, idle time included,
+/// by the other.
 fn connection_builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(server.header_read_timeout_ms))
+        .header_read_timeout(None)
         // hyper answers 431 when the head does not fit its read buffer (8 KiB at least).
         .max_buf_size(server.max_header_bytes.max(8192));
     builder

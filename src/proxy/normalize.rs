@@ -21,6 +21,11 @@
 //!   always meets the route its lower-case spelling meets; the app gets the normalised path in
 //! the client's case.
 //!
+//! - Method case (`post`): RFC 9110 §9.1 makes methods case-sensitive, so `post` is not `POST`
+//!   to tiergate's routes, but Werkzeug, Rails and others upper-case the method and serve it as
+//!   `POST`. A method that differs from a standard one (§9.3, RFC 5789's `PATCH`) only in case
+//!   is refused, naming it; other extension methods go on as they are.
+//!
 //! Host (RFC 9112 §3.2): an HTTP/1.1 request needs exactly one `Host`; an absolute-form target's
 //! authority replaces `Host` (§3.2.2), an HTTP/2 `:authority` must agree with any `Host` (RFC 9113
 //! §8.3.1), and userinfo is refused, so the host routed on is the host forwarded.
@@ -32,6 +37,7 @@ use std::borrow::Cow;
 
 /// Normalises `req`'s path and `Host` in place, or says why the target is refused (400).
 pub fn request<B>(req: &mut Request<B>) -> Result<(), ApiError> {
+    method(req.method().as_str()).map_err(ApiError::BadTarget)?;
     let hosts = req.headers().get_all(HOST).iter().count();
     if hosts > 1 {
         return Err(ApiError::BadTarget(format!("{hosts} Host headers")));
@@ -70,6 +76,20 @@ pub fn request<B>(req: &mut Request<B>) -> Result<(), ApiError> {
         *req.uri_mut() = Uri::from_parts(parts).map_err(|e| ApiError::BadTarget(e.to_string()))?;
     }
     Ok(())
+}
+
+/// The standard methods (RFC 9110 §9.3, RFC 5789), the spellings apps that fold case read.
+const STANDARD_METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+
+/// Refuses a method that is a standard one in another case (`post`, `Post`): routes match
+/// methods exactly, and an app that folds case would serve it as the standard one.
+pub fn method(raw: &str) -> Result<(), String> {
+    match STANDARD_METHODS.iter().find(|m| m.eq_ignore_ascii_case(raw)) {
+        Some(standard) if *standard != raw => {
+            Err(format!("method `{raw}`: methods are case-sensitive (RFC 9110 §9.1); send `{standard}`"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The normalised form of an origin-form path (borrowed when already normal). Paths that do not
@@ -150,6 +170,17 @@ mod tests {
         assert!(matches!(path("/v1/chat").unwrap(), Cow::Borrowed(_)));
         for bad in ["/v1%2Fchat", "/v1%5cchat", "/a%00", "/a%zz", "/a%4"] {
             assert!(path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn methods_in_another_case_are_refused_naming_the_standard_one() {
+        for ok in ["POST", "GET", "PATCH", "PROPFIND", "purge"] {
+            assert!(method(ok).is_ok(), "{ok}");
+        }
+        for (bad, standard) in [("post", "`POST`"), ("Post", "`POST`"), ("pOST", "`POST`"), ("delete", "`DELETE`")] {
+            let e = method(bad).unwrap_err();
+            assert!(e.contains(standard) && e.contains(bad), "{bad}: {e}");
         }
     }
 

@@ -23,7 +23,8 @@ pub struct ServerConfig {
     pub request_timeout_ms: u64,
     /// Time allowed for a request head, ms: from accept until a connection's first request head
     /// has arrived whole (any protocol: a silent socket, or half an HTTP/2 preface, is closed
-    /// after it), and for each later HTTP/1 head once its first byte has arrived.
+    /// after it). A later request's head is bounded by `idle_timeout_ms` instead, counted from the
+    /// end of the previous response.
     pub header_read_timeout_ms: u64,
     /// A connection with no request in flight is closed after this long, ms (HTTP/1 keep-alive
     /// and HTTP/2 alike; HTTP/2 gets a GOAWAY). Counted from the end of its last response.

@@ -266,7 +266,7 @@ impl StreamGuard {
         }
         let new = &self.generated[before..];
         self.unevaluated += new.len();
-        new.contains(SENTENCE_ENDS)
+        sentence_ended_since(&self.generated, before)
     }
 
     /// At the end of the app's stream: the text of what never completed (an SSE event without

@@ -19,7 +19,7 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<AuditCommand>,
     /// The audit data directory (`[audit] dir`), holding audit.db.
-    #[arg(long, env = "TIERGATE_AUDIT_DIR", required = true)]
+    #[arg(long, visible_alias = "audit-dir", env = "TIERGATE_AUDIT_DIR", required = true)]
     pub dir: Option<PathBuf>,
     /// Only the records of this request id.
     #[arg(long)]
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let since_ms = args.since.as_deref().map(|t| time::parse("--since", t, now)).transpose()?;
     let until_ms = args.until.as_deref().map(|t| time::parse("--until", t, now)).transpose()?;
     if let (Some(since), Some(until)) = (since_ms, until_ms) {
-        anyhow::ensure!(since < until, "--since ({since} unix ms) must be before --until ({until} unix ms)");
+        time::ensure_ordered(since, until)?;
     }
     let filter = Filter {
         request_id: args.request_id,

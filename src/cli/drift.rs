@@ -30,7 +30,7 @@ pub struct DriftArgs {
     #[arg(long, short, conflicts_with = "dir")]
     pub input: Option<PathBuf>,
     /// The audit trail's directory (`[audit] dir`): its records are read from the store.
-    #[arg(long)]
+    #[arg(long, visible_alias = "audit-dir")]
     pub dir: Option<PathBuf>,
     /// Only records at or after this time: RFC 3339, unix ms, or a duration ago (`90s`, `15m`,
     /// `1.5h`, `7d`), as `tiergate audit --since` reads it.

@@ -29,6 +29,16 @@ pub fn parse(flag: &str, value: &str, now: SystemTime) -> anyhow::Result<u64> {
     Ok(at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
 }
 
+/// Checks that `since_ms` is before `until_ms`; the error gives both as RFC 3339 times (UTC).
+pub fn ensure_ordered(since_ms: u64, until_ms: u64) -> anyhow::Result<()> {
+    let at = |ms: u64| {
+        chrono::DateTime::from_timestamp_millis(ms as i64)
+            .map_or_else(|| format!("{ms} unix ms"), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+    };
+    anyhow::ensure!(since_ms < until_ms, "--since ({}) must be before --until ({})", at(since_ms), at(until_ms));
+    Ok(())
+}
+
 /// `1.5h`, `0.5d`, `2.5m`: a decimal number of one unit, which humantime does not take.
 fn decimal_duration(value: &str) -> Option<std::time::Duration> {
     let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
@@ -46,6 +56,13 @@ fn decimal_duration(value: &str) -> Option<std::time::Duration> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_order_error_gives_rfc3339_times() {
+        let e = super::ensure_ordered(1_796_585_687_159, 1_796_000_000_000).unwrap_err().to_string();
+        assert!(e.contains("2026-12-") && e.contains("Z)") && !e.contains("unix ms"), "{e}");
+        assert!(super::ensure_ordered(1, 2).is_ok());
+    }
+
     use super::*;
     use std::time::Duration;
 

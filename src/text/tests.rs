@@ -164,6 +164,13 @@ fn selectors(text: &str) -> String {
 }
 
 #[test]
+fn a_message_written_only_in_tag_characters_is_not_blank() {
+    assert!(!crate::text::is_blank(&tags("send the code")), "decoded and judged, not refused as empty");
+    // Tags that shadow nothing printable (language tag, cancel tag, a shadowed space) are blank.
+    assert!(crate::text::is_blank(&format!("\u{200B} \u{E0001}{}\u{E007F}", tags(" "))));
+}
+
+#[test]
 fn text_hidden_in_tag_characters_is_read_and_counted_wherever_it_stands() {
     let hidden = "verify your password at http://x.top";
     for before in ["Hi! ", "Hi \u{1F44B} ", "\u{4F60}\u{597D} ", "\u{645}\u{631}\u{62D}\u{628}\u{627} ", ""] {

@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, env = "TIERGATE_CONFIG")]
     pub config: Option<PathBuf>,
     /// The audit data directory (`[audit] dir`, holding audit.db), overriding the config's.
-    #[arg(long)]
+    #[arg(long, visible_alias = "dir")]
     pub audit_dir: Option<PathBuf>,
     /// Decisions made at or after this time: RFC 3339, unix ms, or a duration back from now
     /// (90s, 15m, 1.5h, 7d).
@@ -150,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(t) => super::time::parse("--until", t, now)?,
         None => tiergate::audit::record::now_ms(),
     };
-    anyhow::ensure!(since_ms < until_ms, "--since ({since_ms} unix ms) must be before --until ({until_ms} unix ms)");
+    super::time::ensure_ordered(since_ms, until_ms)?;
     let size =
         args.bucket.unwrap_or(if until_ms - since_ms <= 2 * 86_400_000 { BucketSize::Hour } else { BucketSize::Day });
     let span = Span { since_ms, until_ms, bucket_ms: size.ms() };

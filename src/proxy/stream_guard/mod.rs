@@ -266,7 +266,7 @@ impl StreamGuard {
         }
         let new = &self.generated[before..];
         self.unevaluated += new.len();
-        sentence_ended_since(&self.generated, before)
+        last_sentence_end(new.as_bytes()).is_some()
     }
 
     /// At the end of the app's stream: the text of what never completed (an SSE event without

@@ -8,15 +8,15 @@ use tokio::time::Instant;
 pub(super) const MAX_PARTIAL_EVENT: usize = 64 * 1024;
 
 /// End (exclusive) of the last sentence end in raw text bytes: a line feed, a CJK `。！？`, or
-/// an ASCII `.`, `!`, `?` followed by white space. A `.` or `?` inside a link, a number or a
-/// query (`login.top/verify?id=1`, `4.5`) ends nothing, so a link streamed word by word is held
-/// with the rest of its sentence; one at the very end of `data` is undecided until the next
-/// piece (or the `buffer_ms` timer) comes. UTF-8 bytes below 0x80 never occur inside a longer
-/// character, so ASCII ends can be found without decoding.
+/// an ASCII `.`, `!`, `?` followed by white space or ending `data` (the piece just streamed). A
+/// `.` or `?` followed by anything else — inside a link, a number or a query
+/// (`login.top/verify?id=1`, `4.5`) — ends nothing, so a link streamed in one piece is held with
+/// the rest of its sentence. UTF-8 bytes below 0x80 never occur inside a longer character, so
+/// ASCII ends can be found without decoding.
 pub(super) fn last_sentence_end(data: &[u8]) -> Option<usize> {
     let ascii = (0..data.len()).rev().find_map(|i| match data[i] {
         b'\n' => Some(i + 1),
-        b'.' | b'!' | b'?' if data.get(i + 1).is_some_and(u8::is_ascii_whitespace) => Some(i + 1),
+        b'.' | b'!' | b'?' if data.get(i + 1).is_none_or(u8::is_ascii_whitespace) => Some(i + 1),
         _ => None,
     });
     let wide = ["。", "！", "？"]
@@ -24,17 +24,6 @@ pub(super) fn last_sentence_end(data: &[u8]) -> Option<usize> {
         .filter_map(|c| data.windows(c.len()).rposition(|w| w == c.as_bytes()).map(|i| i + c.len()))
         .max();
     ascii.max(wide)
-}
-
-/// Whether a sentence ended in `text[from..]`, counting a `.`, `!` or `?` just before `from`
-/// that the new text's first character (white space) now settles.
-pub(super) fn sentence_ended_since(text: &str, from: usize) -> bool {
-    let bytes = text.as_bytes();
-    let start = match from.checked_sub(1).map(|i| bytes[i]) {
-        Some(b'.' | b'!' | b'?') => from - 1,
-        _ => from,
-    };
-    last_sentence_end(&bytes[start..]).is_some()
 }
 
 /// How many trailing bytes of `bytes` are the start of a UTF-8 character whose rest is missing.

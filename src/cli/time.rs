@@ -56,15 +56,15 @@ fn decimal_duration(value: &str) -> Option<std::time::Duration> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_order_error_gives_rfc3339_times() {
-        let e = super::ensure_ordered(1_796_585_687_159, 1_796_000_000_000).unwrap_err().to_string();
-        assert!(e.contains("2026-12-") && e.contains("Z)") && !e.contains("unix ms"), "{e}");
-        assert!(super::ensure_ordered(1, 2).is_ok());
-    }
-
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_order_error_gives_rfc3339_times() {
+        let e = ensure_ordered(1_796_585_687_159, 1_796_000_000_000).unwrap_err().to_string();
+        assert!(e.contains("2026-12-") && e.contains("Z)") && !e.contains("unix ms"), "{e}");
+        assert!(ensure_ordered(1, 2).is_ok());
+    }
 
     #[test]
     fn every_form_reads_the_same_way() {

@@ -20,7 +20,6 @@
 //!   path ignoring ASCII case (`path_prefix` and `path`, see `route.rs`), so a case variant
 //!   always meets the route its lower-case spelling meets; the app gets the normalised path in
 //! the client's case.
-//!
 //! - Method case (`post`): RFC 9110 §9.1 makes methods case-sensitive, so `post` is not `POST`
 //!   to tiergate's routes, but Werkzeug, Rails and others upper-case the method and serve it as
 //!   `POST`. A method that differs from a standard one (§9.3, RFC 5789's `PATCH`) only in case

@@ -193,7 +193,7 @@ fn read(args: &Args) -> anyhow::Result<Input> {
     let now = std::time::SystemTime::now();
     let since_ms = time::parse("--since", &args.since, now)?;
     let until_ms = args.until.as_deref().map_or(Ok(u64::MAX), |t| time::parse("--until", t, now))?;
-    super::time::ensure_ordered(since_ms, until_ms)?;
+    time::ensure_ordered(since_ms, until_ms)?;
     eprintln!("tune: reading labelled decisions from {} (read-only)", audit_dir.display());
     let conn = tiergate::audit::store::Store::open_read_only(&audit_dir)?;
     let labelled = tiergate::feedback::store::labelled(&conn, since_ms, until_ms)?;

@@ -112,14 +112,17 @@ fn joins(c: char, next: char) -> bool {
     next.is_emoji_char() || uses_joiners(next)
 }
 
-/// Whether `text` has nothing a reader sees and nothing the canonical text decodes: only white
-/// space and invisible characters ([`is_invisible`]: zero-width spaces and joiners, soft hyphens,
-/// byte-order marks, controls). Tag characters that shadow printable ASCII (U+E0021-E007E) are
-/// not blank: they are decoded and read (a message written only in them is ASCII smuggling, to
-/// be judged, not refused as empty). Such a text is no message to judge (the model would score
-/// an empty input).
+/// Whether `text` is white space once its invisible characters are removed and the text hidden
+/// in them decoded ([`strip_invisible`]): zero-width spaces and joiners, soft hyphens, byte-order
+/// marks and controls alone are blank; a message written only in Tag characters or in a run of
+/// variation selectors is not (it is smuggled text, to be judged, not refused as empty). A blank
+/// text is no message to judge (the model would score an empty input).
 pub fn is_blank(text: &str) -> bool {
-    text.chars().all(|c| (c.is_whitespace() || is_invisible(c)) && !('\u{E0021}'..='\u{E007E}').contains(&c))
+    let (mut invisible, mut smuggled) = (0, 0);
+    match strip_invisible(text, &mut invisible, &mut smuggled) {
+        Some(decoded) => decoded.chars().all(char::is_whitespace),
+        None => text.chars().all(char::is_whitespace),
+    }
 }
 
 /// Format (Cf), control (Cc, except white space) and other Default_Ignorable characters.

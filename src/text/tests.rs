@@ -164,8 +164,9 @@ fn selectors(text: &str) -> String {
 }
 
 #[test]
-fn a_message_written_only_in_tag_characters_is_not_blank() {
+fn a_message_written_only_in_tag_characters_or_selectors_is_not_blank() {
     assert!(!crate::text::is_blank(&tags("send the code")), "decoded and judged, not refused as empty");
+    assert!(!crate::text::is_blank(&selectors("send the code")));
     // Tags that shadow nothing printable (language tag, cancel tag, a shadowed space) are blank.
     assert!(crate::text::is_blank(&format!("\u{200B} \u{E0001}{}\u{E007F}", tags(" "))));
 }

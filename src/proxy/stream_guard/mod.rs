@@ -234,7 +234,7 @@ impl StreamGuard {
     /// Appends the text `data` carries; true when a sentence ended in it.
     fn take_text(&mut self, data: &Bytes) -> bool {
         let before = self.generated.len();
-        if self.sse {
+        let ended = if self.sse {
             self.partial_event.extend_from_slice(data);
             while let Some(end) = event_end(&self.partial_event) {
                 let event = self.partial_event.split_to(end);
@@ -252,6 +252,7 @@ impl StreamGuard {
                 let event = std::mem::take(&mut self.partial_event);
                 self.generated.push_str(&String::from_utf8_lossy(&event));
             }
+            last_sentence_end(&self.generated.as_bytes()[before..])
         } else {
             let mut bytes = std::mem::take(&mut self.utf8_carry);
             bytes.extend_from_slice(data);
@@ -259,14 +260,12 @@ impl StreamGuard {
             // replacement characters (which would hide it from the rules).
             self.utf8_carry = bytes.split_off(bytes.len() - incomplete_char_len(&bytes));
             self.generated.push_str(&String::from_utf8_lossy(&bytes));
-            match last_sentence_end(data) {
-                Some(end) => self.text_tail = data.len() - end,
-                None => self.text_tail += data.len(),
-            }
-        }
-        let new = &self.generated[before..];
-        self.unevaluated += new.len();
-        last_sentence_end(new.as_bytes()).is_some()
+            let end = last_sentence_end(data);
+            self.text_tail = end.map_or(self.text_tail + data.len(), |end| data.len() - end);
+            end
+        };
+        self.unevaluated += self.generated.len() - before;
+        ended.is_some()
     }
 
     /// At the end of the app's stream: the text of what never completed (an SSE event without

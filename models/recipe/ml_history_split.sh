@@ -3,8 +3,8 @@
 # stays in validation), from the repository's history alone, for a machine whose scratch directory is gone: each
 # round's ml_prepare.py run is replayed from `git archive` of the commit that had its data (that commit's recipe, data
 # and check sets), chained through ml_refresh_split.py. Reproduces the recorded counts within two rows (round 14:
-# 31,985 / 3,811 against 31,987 / 3,809); 9.5 min on 2 cores for rounds 5-14, then rounds 15-22 (the served
-# encoder's split: 42,611 / 4,407 recorded).
+# 31,985 / 3,811 against 31,987 / 3,809); 9.5 min on 2 cores for rounds 5-14, 19 min through round 22 (the served
+# encoder's split: 42,611 / 4,407, exactly as recorded).
 # Usage: models/recipe/ml_history_split.sh [SCRATCH_DIR] [CHAIN_DIR]   (defaults /work/scratch/ml, /work/scratch/chain)
 # Needs SCRATCH_DIR/venv, SCRATCH_DIR/base and SCRATCH_DIR/sa_data (ml_build.sh steps 1-3). Output: CHAIN_DIR/d14
 # and CHAIN_DIR/d22 (train.jsonl, val.jsonl): the OLD_DATA of the next `ml_refresh_split.py CHAIN_DIR/d22 NEW_DATA

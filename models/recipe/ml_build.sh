@@ -63,21 +63,10 @@ for old in "$MODELS"/*.onnx; do [ "$(basename "$old")" = "$NAME" ] || rm -f "$ol
 log "installed $NAME: $(sha256sum "$MODELS/MANIFEST.sha256")"
 
 # 8. The lexical model (character n-grams, ml_lexical.py) and its combination with the encoder, fitted on the
-# validation split's encoder scores, which the installed encoder gives through tiergate serve (the riskiest window
-# of the served windows, exactly as served).
+# validation split's encoder scores, which the installed encoder gives through tiergate serve (ml_lexical_build.sh).
 L="$S/lexical"
 if ! grep -q fitted_on "$L/lexical.json" 2>/dev/null; then
-  log "lexical"; "$PY" "$RECIPE/ml_lexical.py" train "$S/data" "$L"
-  "$PY" "$RECIPE/ml_lexical.py" valset "$S/data" "$L/val.jsonl"
-  printf '[server]\nlisten = "127.0.0.1:18599"\n[admin]\nlisten = "127.0.0.1:18600"\n[model]\ndir = "%s"\n[policies]\ndir = "%s"\n' \
-    "$MODELS" "$REPO/policies" > "$L/serve.toml"
-  "${TIERGATE_BIN:-$REPO/target/release/tiergate}" serve --config "$L/serve.toml" > "$L/serve.log" 2>&1 & SERVE=$!
-  trap 'kill $SERVE 2>/dev/null || true' EXIT
-  for _ in $(seq 120); do curl -sf http://127.0.0.1:18599/readyz >/dev/null && break; sleep 1; done
-  python3 "$RECIPE/blind_report.py" "$L/val.jsonl" --url http://127.0.0.1:18599/v1/classify --out "$L/val.json" \
-    --decisions "$L/val.dec.jsonl" > "$L/val.log"
-  kill $SERVE; trap - EXIT
-  "$PY" "$RECIPE/ml_lexical.py" combine "$L" "$L/val.jsonl:$L/val.dec.jsonl"
+  log "lexical"; PY="$PY" "$RECIPE/ml_lexical_build.sh" "$S/data" "$MODELS" "$L"
 fi
 cp "$L/lexical.json" "$L/lexical.bin" "$MODELS/"
 "$PY" -c 'import json,sys; p=sys.argv[1]; m=json.load(open(p)); m["lexical"]="lexical.json"; json.dump(m,open(p,"w"),indent=2)' "$MODELS/model.json"

@@ -47,7 +47,8 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // 0.925: all five allowed here are such openers. The price of a model that on the spent sets
     // cut review 9.7 % -> 8.1 % for the same blocks and on the fresh ml25 11.2 % -> 8.8 % with
     // one scam fewer allowed (models/MODEL_CARD.md, "Round 21"). Round 22 (the same evening)
-    // allows four again (Amy's opener goes back to review), 0.925.
+    // allows four again (Amy's opener goes back to review), 0.925. Round 28 (2026-12-07) with
+    // accept_below 0.94: 3, 1, 0.925.
     ("tests/data/adversarial_b.jsonl", 4, 1, 0.90),
     // 0 allowed and 0.98 until round 7 (2026-12-05), which allows one gift-card demand ("send me
     // 150 in Amazon vouchers and I'll forward your tickets", p(risk) 0.034; 0.978 here). Round 7
@@ -59,6 +60,7 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // before allowed 6, at 0.964 against 0.944 (models/MODEL_CARD.md, "Round 12"). Round 14: 0, 0,
     // 0.970; round 18: 0, 0, 0.993. Round 22 (2026-12-06, evening): 0, 0, 0.985 — one more message
     // where a rule should win goes to review with the other label (models/MODEL_CARD.md, "Round 22").
+    // Round 28 (2026-12-07): 0, 0, 0.985 (round 26's lexical model: 0.993).
     ("tests/data/adversarial_c.jsonl", 0, 0, 0.98),
     // 0.91 until round 6 (2026-12-05): it allows and blocks nothing here (was 2 and 1 allowed by
     // the bounds), but two more of its risk messages go to review by the rules' default instead
@@ -72,7 +74,7 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // round (rounds 25 and 26, 2026-12-06, night): 0.941, still 0 and 0 — a genuine WhatsApp code
     // notice ("tap this link to verify ... don't share this code") goes to review as leaning risky
     // (0.73); the price of 49 -> 27 scams allowed and 35 -> 26 ordinary blocked on the spent sets
-    // (models/MODEL_CARD.md, "Lexical model rounds 25-27").
+    // (models/MODEL_CARD.md, "Lexical model rounds 25-27"). Round 28 (2026-12-07): 0.953, 0 and 0.
     ("tests/data/adversarial_d.jsonl", 0, 0, 0.94),
 ];
 

@@ -299,7 +299,7 @@ async fn a_cpu_gpu_rules_decision_is_one_span_tree_under_the_clients_span() {
     // to rules.
     let policies = policies_with_edited_routing(
         "traces-cascade",
-        &[("escalate_below = 0.95", "escalate_below = 1.0"), ("accept_below = 0.9", "accept_below = 1.0")],
+        &[("escalate_below = 0.95", "escalate_below = 1.0"), ("accept_below = 0.94", "accept_below = 1.0")],
     );
     let app = app::start();
     let mut c = traced(&policies, &collector.url(), &app);

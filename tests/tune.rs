@@ -29,8 +29,8 @@ fn live_policy() -> PathBuf {
         "tune-live",
         &[
             ("escalate_below = 0.95", "escalate_below = 0.5"),
-            ("accept_below = 0.9", "accept_below = 0.5"),
-            ("accept_risk_below = 0.92", "accept_risk_below = 0.5"),
+            ("accept_below = 0.94", "accept_below = 0.5"),
+            ("accept_risk_below = 0.94", "accept_risk_below = 0.5"),
             ("ood_above = 0.99", "ood_above = 1.0"),
         ],
     );

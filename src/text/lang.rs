@@ -483,11 +483,13 @@ const HAUSA: &[&str] =
     &["sannu", "wannan", "kudi", "yanzu", "aiko", "sabuwar", "nagode", "gobe", "yau", "kuma", "lambar"];
 
 /// Indonesian words, formal and chat, that Tagalog does not use (its forms: ang, hindi, ako, na,
-/// para sa, kasama, wala).
+/// para sa, kasama, wala; for the everyday ones: gusto, kain, mamaya, gabi, bukas, umaga). Left
+/// out as Tagalog words too: lagi, kita, sama, mana, hari; as Javanese: kapan.
 const INDONESIAN: &[&str] = &[
     "yang", "tidak", "saya", "sudah", "untuk", "dengan", "bisa", "kami", "terima", "kasih", "mohon", "anda", "akan",
     "dari", "belum", "sekarang", "udah", "udh", "gue", "gw", "nggak", "gak", "aja", "banget", "kalo", "yg", "ini",
-    "itu", "ada", "dan", "juga", "kamu", "apa", "karena", "tolong", "harus", "sih", "dong", "kok",
+    "itu", "ada", "dan", "juga", "kamu", "apa", "karena", "tolong", "harus", "sih", "dong", "kok", "mau", "makan",
+    "nanti", "malam", "besok", "pagi", "siang", "sore", "gimana",
 ];
 
 /// Whether `lang` (not English) wins against English alone with [`MIN_HEAD_TO_HEAD`] confidence.

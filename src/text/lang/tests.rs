@@ -101,8 +101,12 @@ fn a_close_neighbours_guess_is_the_served_language_when_the_letters_or_words_say
     // Indonesian read as Tagalog; a Tagalog text keeps its guess.
     assert_eq!(n("Terima kasih, saya sudah transfer tadi pagi", L::Tgl), Some("ind"));
     assert_eq!(n("Salamat po, nagpadala na ako kaninang umaga", L::Tgl), None);
-    // Chat Indonesian too.
+    // Chat Indonesian too, and everyday words alone (a new-user probe: "Mau makan di mana nanti
+    // malam?" was read as Tagalog at confidence 0.016, reliable head to head, and went to review).
     assert_eq!(n("Bro gue udah di jalan, macet banget", L::Tgl), Some("ind"));
+    assert_eq!(n("Mau makan di mana nanti malam?", L::Tgl), Some("ind"));
+    assert_eq!(super::detect("Mau makan di mana nanti malam?").code, "ind");
+    assert_eq!(n("Kain tayo mamaya, gusto mo ba sa bukas ng gabi?", L::Tgl), None);
     // Indonesian read as Javanese; Swahili and Hausa, which whatlang lacks and reads as Javanese,
     // are named, so that a policy reading Javanese as Indonesian does not send them to the model.
     assert_eq!(n("Kak, ini nomor baru aku ya, tolong disimpan", L::Jav), Some("ind"));

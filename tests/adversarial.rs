@@ -74,8 +74,9 @@ const CHECK_SETS: [(&str, usize, usize, f64); 4] = [
     // round (rounds 25 and 26, 2026-12-06, night): 0.941, still 0 and 0 — a genuine WhatsApp code
     // notice ("tap this link to verify ... don't share this code") goes to review as leaning risky
     // (0.73); the price of 49 -> 27 scams allowed and 35 -> 26 ordinary blocked on the spent sets
-    // (models/MODEL_CARD.md, "Lexical model rounds 25-27"). Round 28 (2026-12-07): 0.953, 0 and 0.
-    ("tests/data/adversarial_d.jsonl", 0, 0, 0.94),
+    // (models/MODEL_CARD.md, "Lexical model rounds 25-27"). Round 28 (2026-12-07): 0.953, 0 and 0,
+    // so the bound is back at 0.95.
+    ("tests/data/adversarial_d.jsonl", 0, 0, 0.95),
 ];
 
 #[tokio::test]

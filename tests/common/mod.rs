@@ -213,6 +213,16 @@ pub fn bundled_routing() -> String {
     std::fs::read_to_string(repo().join("policies/routing.toml")).unwrap()
 }
 
+/// A number the bundled routing.toml sets at the start of a line (`key = value`), so that a test's
+/// precondition follows the bundled policy rather than a copy of its value.
+pub fn bundled_routing_number(key: &str) -> f64 {
+    let prefix = format!("{key} =");
+    let routing = bundled_routing();
+    let line =
+        routing.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("the bundled policy sets {key}"));
+    line[prefix.len()..].split('#').next().unwrap().trim().parse().unwrap()
+}
+
 /// [`policies_with_routing`] with the bundled routing.toml, each `(from, to)` of `edits` replaced
 /// in turn (each must be there).
 pub fn policies_with_edited_routing(name: &str, edits: &[(&str, &str)]) -> PathBuf {
